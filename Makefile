@@ -1,0 +1,27 @@
+# `make train` and `make test` work from a fresh clone: they create .venv from a bare
+# Python >= 3.11 (override with PYTHON=python3.12), install zerojax with the pinned versions
+# of constraints.txt, and run.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: train test install clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "zerojax needs Python >= 3.11, found " + sys.version.split()[0])'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
+train: install
+	$(BIN)/zerojax train $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,28 @@
+"""8 simulated CPU devices for every test, set before jax is imported."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# Repeated runs of the suite (and the CLI subprocesses) reuse compiled programs.
+CACHE = Path(__file__).resolve().parent.parent / ".jax_cache"
+jax.config.update("jax_compilation_cache_dir", str(CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path):
+    """A model and run small enough to compile and train in seconds."""
+    return [
+        "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64",
+        "model.seq_len=16", "train.global_batch=16", "train.steps=5", "train.log_every=1",
+        "train.eval_every=0", f"train.out_dir={tmp_path / 'run'}",
+    ]

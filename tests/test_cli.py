@@ -1,0 +1,58 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from zerojax import cli
+
+
+def zerojax(*args, cwd):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # the CLI must simulate its 8 CPU devices by itself
+    return subprocess.run([sys.executable, "-m", "zerojax", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_train_writes_the_run_directory(tiny_overrides, tmp_path):
+    proc = zerojax("train", "--no-progress", *tiny_overrides, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "8 cpu devices" in proc.stdout and "sample:" in proc.stdout
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl", "sample.txt"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 5
+
+
+def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
+    proc = zerojax("train", "zero.stag=1", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == "zerojax: error: unknown config key 'zero.stag'; did you mean 'zero.stage'?\n"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "train.stepz=3"], "unknown config key 'train.stepz'; did you mean 'train.steps'?"),
+    (["train", "train.steps=many"], "train.steps expects an integer, got 'many'"),
+    (["train", "zero.schedule=magic"], "zero.schedule='magic' is not valid; choose one of shard_map, gspmd"),
+    (["train", "--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+    (["train", "data.source=missing.txt"], "data.source='missing.txt': no such file"),
+    (["train", "train.global_batch=12"], "must be divisible by the data-parallel size mesh.replica x mesh.data = 8"),
+    (["train", "mesh.data=16"], "mesh.replica=1 x mesh.data=16 needs 16 devices but only 8 cpu devices exist"),
+    (["train", "mesh.replica=3"], "train.global_batch=32 / train.grad_accum=1 = 32 rows per microbatch"),
+    (["train", "zero.stage=3"], "zero.stage=3: ZeRO stages 1-3 are not implemented in zerojax yet; use zero.stage=0"),
+    (["train", "--bogus"], "unrecognized arguments: --bogus"),
+    (["fly"], "invalid choice: 'fly'"),
+])
+def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(args + ["train.steps=1"] if args[0] == "train" and "--config" not in args else args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_module_and_console_script_agree():
+    assert (ROOT / "zerojax" / "__main__.py").is_file()
+    assert cli.build_parser().prog == "zerojax"

@@ -1,0 +1,88 @@
+import dataclasses
+
+import pytest
+
+from conftest import ROOT
+from zerojax import config
+
+
+def test_defaults_are_the_tiny_run():
+    cfg = config.load()
+    assert cfg.name == "tiny" and cfg.zero.stage == 0 and cfg.mesh.cpu_devices == 8
+    assert cfg.data.source == "stdlib" and cfg.model.vocab_size == 256
+    assert str(cfg.run_dir) == "runs/tiny"
+
+
+def test_tiny_yaml_spells_out_the_defaults():
+    assert config.load(ROOT / "configs" / "tiny.yaml") == config.load()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_config_file_loads(path):
+    cfg = config.load(path)
+    assert cfg.name == path.stem
+    assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("model:\n  d_model: 64\noptim:\n  lr: 1e-4\ntrain:\n  steps: 7\n")
+    cfg = config.load(path, ["train.steps=9", "zero.reshard_after_forward=false", "optim.freeze=head,embed"])
+    assert cfg.name == "exp" and cfg.model.d_model == 64
+    assert cfg.optim.lr == 1e-4  # YAML 1.1 reads "1e-4" as a string: parsed to the field's type
+    assert cfg.train.steps == 9 and cfg.zero.reshard_after_forward is False
+    assert cfg.optim.freeze == ("head", "embed")
+
+
+@pytest.mark.parametrize("text, field, value", [
+    ("precision.loss_scale=128", "loss_scale", 128.0),
+    ("precision.loss_scale=none", "loss_scale", "none"),
+    ("precision.min_loss_scale=2", "min_loss_scale", 2.0),
+])
+def test_override_types(text, field, value):
+    assert getattr(config.load(overrides=[text]).precision, field) == value
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.load().train.steps = 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("zero.stag=1", "unknown config key 'zero.stag'; did you mean 'zero.stage'?"),
+    ("trian.steps=1", "did you mean 'train.steps'?"),
+    ("train.steps=ten", "train.steps expects an integer, got 'ten'"),
+    ("train.steps=1.5", "train.steps expects an integer"),
+    ("optim.lr=fast", "optim.lr expects a number, got 'fast'"),
+    ("zero.reshard_after_forward=maybe", "expects true or false"),
+    ("zero.stage=5", "zero.stage=5 is not valid; choose one of 0, 1, 2, 3"),
+    ("model.n_heads=3", "model.d_model=128 must be divisible by model.n_heads=3"),
+    ("precision.compute=float64", "precision.compute='float64' is not valid"),
+    ("train.steps", "is not KEY=VALUE"),
+    ("data.source=corpus.csv", "data.source='corpus.csv' is not valid"),
+    ("train.global_batch=30", "train.global_batch=30 must be divisible by train.grad_accum=4"),
+])
+def test_bad_overrides_name_the_key_and_the_fix(text, message):
+    overrides = [text] + (["train.grad_accum=4"] if "global_batch" in text else [])
+    with pytest.raises(ValueError, match=None) as err:
+        config.load(overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  d_modle: 64\n")
+    with pytest.raises(ValueError, match="unknown config key 'model.d_modle'; did you mean 'model.d_model'"):
+        config.load(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        config.load(tmp_path / "missing.yaml")
+    path.write_text("model: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        config.load(path)
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = config.load(overrides=["optim.freeze=head", "precision.loss_scale=64", "name=x"])
+    config.dump(cfg, tmp_path / "config.yaml")
+    again = config.load(tmp_path / "config.yaml")
+    assert dataclasses.replace(again, name="x") == cfg

@@ -1,0 +1,365 @@
+"""Typed run configuration: one frozen dataclass per YAML section (DESIGN §5).
+
+The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them out). A YAML
+file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are
+parsed to the field's type. Every section checks itself in `__post_init__`; checks that need
+the mesh (batch divisibility) live where the mesh is known (`train.prepare`). All user errors
+are `ValueError`s whose message names the key, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _choice(key: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(map(str, valid))}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ValueError(f"{key}={value!r} is not valid; it must be >= {low}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = "gpt"  # model family; only the decoder-only GPT exists
+    vocab_size: int = 256  # tokens; 256 for the byte-level corpora
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int = 512  # hidden width of the MLP
+    seq_len: int = 128  # context length in tokens
+    remat: str = "none"  # activation checkpointing per block: none | full | dots
+    tie_embeddings: bool = True  # LM head reuses the token embedding matrix
+    init_from: str = ""  # start from these weights (not implemented yet: needs checkpoints)
+
+    def __post_init__(self):
+        _choice("model.name", self.name, ("gpt",))
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"):
+            _at_least(f"model.{key}", getattr(self, key), 1)
+        _choice("model.remat", self.remat, ("none", "full", "dots"))
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}; "
+                f"try model.n_heads={_largest_divisor(self.d_model, self.n_heads)}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+
+    def __post_init__(self):
+        if self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy"):
+            raise ValueError(
+                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
+                "or a .bin/.npy token file"
+            )
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    data: int = -1  # devices on the ZeRO (sharding) axis; -1 = all remaining devices
+    replica: int = 1  # replicas of the sharded group (hybrid sharding)
+    cpu_devices: int = 8  # devices simulated on a CPU backend
+    distributed: str = "auto"  # auto: jax.distributed when a cluster is detected | off
+
+    def __post_init__(self):
+        if self.data != -1:
+            _at_least("mesh.data", self.data, 1)
+        _at_least("mesh.replica", self.replica, 1)
+        _at_least("mesh.cpu_devices", self.cpu_devices, 1)
+        _choice("mesh.distributed", self.distributed, ("auto", "off"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroConfig:
+    stage: int = 0  # ZeRO stage 0-3 (only 0, plain data parallelism, is implemented so far)
+    schedule: str = "shard_map"  # shard_map (explicit unit schedule) | gspmd (annotations only)
+    reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
+    prefetch: int = 1  # units gathered ahead of the one computing
+    min_shard_size: int = 1024  # leaves with fewer elements stay replicated
+
+    def __post_init__(self):
+        _choice("zero.stage", self.stage, (0, 1, 2, 3))
+        _choice("zero.schedule", self.schedule, ("shard_map", "gspmd"))
+        _at_least("zero.prefetch", self.prefetch, 0)
+        _at_least("zero.min_shard_size", self.min_shard_size, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionConfig:
+    param: str = "float32"  # master weights
+    compute: str = "auto"  # auto: bfloat16 on GPU/TPU, float32 on CPU (bf16 is emulated there)
+    gather: str = "auto"  # dtype weights are all-gathered in; auto = compute
+    reduce: str = "float32"  # dtype gradients are reduced in
+    loss_scale: str | float = "dynamic"  # dynamic | none | a static scale
+    initial_scale_power: int = 16  # dynamic scaling starts at 2**this
+    loss_scale_window: int = 1000  # finite steps before the scale doubles
+    hysteresis: int = 2  # overflows tolerated before the scale halves
+    min_loss_scale: float = 1.0  # the scale never drops below this
+    max_skipped_steps: int = 10  # consecutive non-finite steps before the run stops
+
+    def __post_init__(self):
+        _choice("precision.param", self.param, ("float32",))
+        _choice("precision.compute", self.compute, ("auto",) + DTYPES)
+        _choice("precision.gather", self.gather, ("auto",) + DTYPES)
+        _choice("precision.reduce", self.reduce, DTYPES)
+        if isinstance(self.loss_scale, str):
+            _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
+        elif not self.loss_scale > 0:
+            raise ValueError(f"precision.loss_scale={self.loss_scale} must be > 0, 'dynamic' or 'none'")
+        _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
+        _at_least("precision.hysteresis", self.hysteresis, 1)
+        _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 3e-3  # peak learning rate
+    b1: float = 0.9  # Adam first-moment decay
+    b2: float = 0.95  # Adam second-moment decay
+    eps: float = 1e-8  # Adam denominator epsilon
+    weight_decay: float = 0.1  # decoupled weight decay (never on norms and biases)
+    clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
+    warmup_steps: int = 50  # linear warmup from 0 to lr
+    schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
+    freeze: tuple[str, ...] = ()  # parameter-path patterns that are not trained (not implemented yet)
+
+    def __post_init__(self):
+        _at_least("optim.lr", self.lr, 0.0)
+        for key in ("b1", "b2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
+        _at_least("optim.eps", self.eps, 0.0)
+        _at_least("optim.weight_decay", self.weight_decay, 0.0)
+        _at_least("optim.clip_norm", self.clip_norm, 0.0)
+        _at_least("optim.warmup_steps", self.warmup_steps, 0)
+        _choice("optim.schedule", self.schedule, ("cosine", "constant"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 400  # optimizer steps
+    global_batch: int = 32  # sequences per step, over all devices
+    grad_accum: int = 1  # microbatches per step
+    seed: int = 0  # parameters and data order
+    log_every: int = 10  # steps between metrics lines; 0 = off
+    eval_every: int = 100  # steps between eval losses (and at the end); 0 = off
+    eval_batches: int = 8  # global batches of held-out data per eval
+    out_dir: str = ""  # run directory; empty = runs/<config name>
+    ckpt_every: int = 0  # steps between checkpoints; 0 = off (checkpoints not implemented yet)
+    keep: int = 3  # checkpoints kept
+    resume: str = "auto"  # auto: continue from the newest checkpoint | never
+
+    def __post_init__(self):
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.global_batch", self.global_batch, 1)
+        _at_least("train.grad_accum", self.grad_accum, 1)
+        for key in ("seed", "log_every", "eval_every", "ckpt_every"):
+            _at_least(f"train.{key}", getattr(self, key), 0)
+        _at_least("train.eval_batches", self.eval_batches, 1)
+        _at_least("train.keep", self.keep, 1)
+        _choice("train.resume", self.resume, ("auto", "never"))
+        if self.global_batch % self.grad_accum:
+            raise ValueError(
+                f"train.global_batch={self.global_batch} must be divisible by "
+                f"train.grad_accum={self.grad_accum}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    name: str = "tiny"  # run name; the default run directory is runs/<name>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        byte_corpus = self.data.source == "stdlib" or self.data.source.endswith(".txt")
+        if byte_corpus and self.model.vocab_size < 256:
+            raise ValueError(
+                f"model.vocab_size={self.model.vocab_size} is too small for the byte corpus "
+                f"data.source={self.data.source}; it needs model.vocab_size >= 256"
+            )
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.out_dir or f"runs/{self.name}")
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "name"}
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, at_most + 1) if n % d == 0)
+
+
+def _section_class(name: str) -> type:
+    return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "name"}[name]
+
+
+def valid_keys() -> list[str]:
+    keys = ["name"]
+    for section in SECTIONS:
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(_section_class(section))]
+    return keys
+
+
+def _unknown_key(key: str) -> ValueError:
+    close = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see configs/tiny.yaml for every key"
+    return ValueError(f"unknown config key '{key}'{hint}")
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def coerce(key: str, value: Any, typ: Any) -> Any:
+    """Parse `value` (a YAML scalar or a command-line string) to the field type `typ`."""
+    bad = ValueError(f"{key} expects {_type_name(typ)}, got {value!r}")
+    if isinstance(typ, types.UnionType):  # str | float: a number if it parses as one
+        try:
+            return coerce(key, value, float)
+        except ValueError:
+            return coerce(key, value, str)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "yes", "on", "1"):
+            return True
+        if text in ("false", "no", "off", "0"):
+            return False
+        raise bad
+    if typ is int:
+        if isinstance(value, bool) or isinstance(value, float):
+            raise bad
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise bad from None
+    if typ is float:
+        if isinstance(value, bool):
+            raise bad
+        try:
+            return float(str(value).strip())
+        except ValueError:
+            raise bad from None
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise bad
+        return "" if value is None else str(value)
+    if typing.get_origin(typ) is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise bad
+        return tuple(value)
+    raise TypeError(f"no parser for {key}: {typ}")
+
+
+def _type_name(typ: Any) -> str:
+    if isinstance(typ, types.UnionType):
+        return "a number or one of its named values"
+    if typing.get_origin(typ) is tuple:
+        return "a list of strings"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[typ]
+
+
+def _set(tree: dict, key: str, value: Any) -> None:
+    """Put a raw value under its dotted key, validating the key's name."""
+    parts = key.split(".")
+    if parts == ["name"]:
+        tree["name"] = coerce("name", value, str)
+        return
+    if len(parts) != 2 or parts[0] not in SECTIONS:
+        raise _unknown_key(key)
+    section, name = parts
+    cls = _section_class(section)
+    if name not in {f.name for f in dataclasses.fields(cls)}:
+        raise _unknown_key(key)
+    tree.setdefault(section, {})[name] = coerce(key, value, _field_type(cls, name))
+
+
+def _build(tree: dict) -> Config:
+    sections = {name: _section_class(name)(**values) for name, values in tree.items() if name != "name"}
+    return Config(**sections, **({"name": tree["name"]} if "name" in tree else {}))
+
+
+def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping of config sections, got {type(doc).__name__}")
+    flat = {}
+    for section, body in doc.items():
+        if section == "name":
+            flat["name"] = body
+        elif isinstance(body, dict):
+            flat.update({f"{section}.{k}": v for k, v in body.items()})
+        elif section in SECTIONS:
+            raise ValueError(f"{path}: section '{section}' must be a mapping of keys")
+        else:
+            raise _unknown_key(str(section))
+    return flat
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {text!r} is not KEY=VALUE (e.g. zero.stage=1)")
+    return key.strip(), value
+
+
+def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file (its stem names the run), then KEY=VALUE overrides."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        tree["name"] = path.stem
+        for key, value in _flatten_yaml(doc, path).items():
+            _set(tree, key, value)
+    for text in overrides:
+        _set(tree, *parse_override(text))
+    return _build(tree)
+
+
+def to_dict(cfg: Config) -> dict:
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    out = {"name": cfg.name}
+    for section in SECTIONS:
+        out[section] = {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, section)).items()}
+    return out
+
+
+def dump(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

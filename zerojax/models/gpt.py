@@ -1,0 +1,147 @@
+"""A decoder-only GPT in Flax NNX, built from units: embedding, stacked blocks, head.
+
+The blocks are created under `nnx.vmap`, so every block parameter carries a leading layer axis
+[L, ...], and they are applied with `lax.scan` (compile time does not grow with depth). The
+units are the granularity at which a ZeRO-3 schedule gathers and frees weights; the model
+itself knows nothing about meshes or devices.
+
+Shapes: B batch, T sequence, D d_model, H heads, K head dim (D/H), F d_ff, V vocab, L layers.
+Parameters are stored in `policy.param` (fp32) and used in `policy.compute`; attention softmax,
+norms' statistics and the logits are computed in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zerojax.precision import Policy
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs, std: float = 0.02, bias: bool = True):
+    return nnx.Linear(
+        d_in, d_out, use_bias=bias, dtype=policy.compute, param_dtype=policy.param,
+        kernel_init=nnx.initializers.normal(std), rngs=rngs,
+    )
+
+
+def _norm(d: int, policy: Policy, rngs: nnx.Rngs):
+    return nnx.LayerNorm(d, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
+
+
+class Embedding(nnx.Module):
+    """Unit 0: token + learned position embeddings."""
+
+    def __init__(self, vocab_size: int, d_model: int, seq_len: int, policy: Policy, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        self.wte = nnx.Embed(vocab_size, d_model, dtype=policy.compute, param_dtype=policy.param,
+                             embedding_init=init, rngs=rngs)
+        self.wpe = nnx.Param(init(rngs.params(), (seq_len, d_model), policy.param))
+        self.compute = policy.compute
+
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        pos_TD = self.wpe[...][: tokens_BT.shape[1]].astype(self.compute)
+        return self.wte(tokens_BT) + pos_TD[None]
+
+
+class Attention(nnx.Module):
+    def __init__(self, d_model: int, n_heads: int, n_layers: int, policy: Policy, rngs: nnx.Rngs):
+        self.n_heads = n_heads
+        self.qkv = _dense(d_model, 3 * d_model, policy, rngs)
+        self.out = _dense(d_model, d_model, policy, rngs, std=0.02 / math.sqrt(2 * n_layers))
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        B, T, D = x_BTD.shape
+        q_BTHK, k_BTHK, v_BTHK = jnp.split(self.qkv(x_BTD).reshape(B, T, 3 * self.n_heads, -1), 3, axis=2)
+        scores_BHTT = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BTHK).astype(jnp.float32)
+        scores_BHTT = scores_BHTT / math.sqrt(q_BTHK.shape[-1])
+        causal_TT = jnp.tril(jnp.ones((T, T), bool))
+        scores_BHTT = jnp.where(causal_TT, scores_BHTT, jnp.finfo(jnp.float32).min)
+        probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1).astype(v_BTHK.dtype)
+        y_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTT, v_BTHK)
+        return self.out(y_BTHK.reshape(B, T, D))
+
+
+class MLP(nnx.Module):
+    def __init__(self, d_model: int, d_ff: int, n_layers: int, policy: Policy, rngs: nnx.Rngs):
+        self.up = _dense(d_model, d_ff, policy, rngs)
+        self.down = _dense(d_ff, d_model, policy, rngs, std=0.02 / math.sqrt(2 * n_layers))
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x_BTD)))
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer block: the unit a ZeRO-3 schedule gathers at a time."""
+
+    def __init__(self, d_model, n_heads, d_ff, n_layers, policy: Policy, rngs: nnx.Rngs):
+        self.ln1 = _norm(d_model, policy, rngs)
+        self.attn = Attention(d_model, n_heads, n_layers, policy, rngs)
+        self.ln2 = _norm(d_model, policy, rngs)
+        self.mlp = MLP(d_model, d_ff, n_layers, policy, rngs)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x_BTD = x_BTD + self.attn(self.ln1(x_BTD))
+        return x_BTD + self.mlp(self.ln2(x_BTD))
+
+
+class Head(nnx.Module):
+    """Last unit: final norm and the LM head (or the tied token embedding)."""
+
+    def __init__(self, d_model: int, vocab_size: int, tie: bool, policy: Policy, rngs: nnx.Rngs):
+        self.ln_f = _norm(d_model, policy, rngs)
+        self.lm_head = None if tie else _dense(d_model, vocab_size, policy, rngs, bias=False)
+
+    def __call__(self, x_BTD: jax.Array, embed: Embedding) -> jax.Array:
+        x_BTD = self.ln_f(x_BTD)
+        logits_BTV = embed.wte.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
+        return logits_BTV.astype(jnp.float32)
+
+
+class GPT(nnx.Module):
+    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
+                 seq_len: int, tie_embeddings: bool = True, remat: str = "none",
+                 policy: Policy = Policy(), rngs: nnx.Rngs):
+        self.remat = remat
+        self.embed = Embedding(vocab_size, d_model, seq_len, policy, rngs)
+
+        @nnx.split_rngs(splits=n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_blocks(rngs: nnx.Rngs) -> Block:
+            return Block(d_model, n_heads, d_ff, n_layers, policy, rngs)
+
+        self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
+        self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs)
+
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        """Logits [B, T, V] in fp32."""
+        x_BTD = self.embed(tokens_BT)
+        x_BTD = scan_blocks(self.blocks, x_BTD, self.remat)
+        return self.head(x_BTD, self.embed)
+
+
+def scan_blocks(blocks: Block, x_BTD: jax.Array, remat: str = "none") -> jax.Array:
+    """Apply stacked blocks one layer at a time with `lax.scan`."""
+    graphdef, stacked = nnx.split(blocks)
+
+    def body(x_BTD, layer_state):
+        return nnx.merge(graphdef, layer_state)(x_BTD), None
+
+    if remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
+    x_BTD, _ = jax.lax.scan(body, x_BTD, stacked)
+    return x_BTD
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Mean next-token loss in nats per token."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1).mean()
