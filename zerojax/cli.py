@@ -8,6 +8,7 @@ any other failure exits 1 with its traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -28,7 +29,45 @@ def build_parser() -> Parser:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="override a config field by dotted name, e.g. zero.stage=1 train.steps=50")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    memory = sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device")
+    memory.add_argument("--params", type=parse_count, help="parameters Ψ (7.5e9, 124M, 3B)")
+    memory.add_argument("--config", help="take Ψ from this config's model (abstract shapes)")
+    memory.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (with --config)")
+    memory.add_argument("--devices", type=positive_int, help="devices N on the data axis")
+    memory.add_argument("--k", type=float, default=12, help="optimizer bytes per parameter (Adam: 12)")
+    memory.add_argument("--json", action="store_true", help="print one JSON document")
+
+    formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
+    formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
+    formats.add_argument("--table", action="store_true", help="range and precision of each format")
+    formats.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
+
+
+SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> float:
+    """7.5e9, 7500000000, 124M, 3B, 1.5T."""
+    scale = SUFFIXES.get(text[-1:].lower(), 1)
+    try:
+        value = float(text[:-1] if scale != 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; use e.g. 7.5e9, 124M or 3B") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def cmd_train(args) -> int:
@@ -49,16 +88,63 @@ def cmd_train(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train}
+def cmd_memory(args) -> int:
+    from zerojax import accounting, config, report
+
+    params, devices = args.params, args.devices
+    if args.config is None and args.overrides:
+        raise UsageError("KEY=VALUE overrides need --config")
+    if (params is None) == (args.config is None):
+        raise UsageError("give exactly one of --params P or --config PATH")
+    if args.k < 0:
+        raise UsageError(f"--k {args.k} must be >= 0 (Adam with fp32 master: 12)")
+    if args.config is not None:
+        try:
+            cfg = config.load(args.config, args.overrides)
+        except (ValueError, TypeError) as err:
+            raise UsageError(str(err)) from None
+        params = accounting.count_params(cfg)
+        devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
+    if devices is None:
+        raise UsageError("give --devices N (the devices on the data axis)")
+    params = int(params) if float(params).is_integer() else params
+    doc = accounting.memory_report(params, devices, args.k)
+    report.emit(doc, args.json, report.memory_table)
+    return 0
+
+
+def cmd_formats(args) -> int:
+    from zerojax import formats, report
+
+    if not args.values and not args.table:
+        raise UsageError("give values to store (e.g. zerojax formats 0.1 70000 1e-8) or --table")
+    try:
+        doc = formats.explain(args.values)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.table:
+        doc = {**({"values": doc["values"]} if args.values else {}), "formats": formats.table()}
+    report.emit(doc, args.json, report.formats_tables)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "memory": cmd_memory, "formats": cmd_formats}
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="zerojax: %(levelname)s: %(message)s", level=logging.WARNING)
+    logging.addLevelName(logging.WARNING, "warning")
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except UsageError as err:
         print(f"zerojax: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if type(err).__name__ != "TrainingError":
+            raise
+        print(f"zerojax: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("zerojax: interrupted", file=sys.stderr)
         return 130

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _choice(key: str, value: Any, valid: tuple) -> None:
@@ -108,7 +109,7 @@ class PrecisionConfig:
     compute: str = "auto"  # auto: bfloat16 on GPU/TPU, float32 on CPU (bf16 is emulated there)
     gather: str = "auto"  # dtype weights are all-gathered in; auto = compute
     reduce: str = "float32"  # dtype gradients are reduced in
-    loss_scale: str | float = "dynamic"  # dynamic | none | a static scale
+    loss_scale: str | float = "dynamic"  # dynamic (applied to fp16 compute only) | none | a static scale
     initial_scale_power: int = 16  # dynamic scaling starts at 2**this
     loss_scale_window: int = 1000  # finite steps before the scale doubles
     hysteresis: int = 2  # overflows tolerated before the scale halves
@@ -116,6 +117,8 @@ class PrecisionConfig:
     max_skipped_steps: int = 10  # consecutive non-finite steps before the run stops
 
     def __post_init__(self):
+        for key in ("param", "compute", "gather", "reduce"):  # presets fp32 / bf16 / fp16
+            object.__setattr__(self, key, DTYPE_ALIASES.get(getattr(self, key), getattr(self, key)))
         _choice("precision.param", self.param, ("float32",))
         _choice("precision.compute", self.compute, ("auto",) + DTYPES)
         _choice("precision.gather", self.gather, ("auto",) + DTYPES)

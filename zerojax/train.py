@@ -10,6 +10,7 @@ loss is a mean over the global batch.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -27,7 +28,13 @@ from zerojax import mesh as mesh_lib
 from zerojax.config import Config
 from zerojax.models import GPT, cross_entropy
 from zerojax.optim import make_optimizer, make_schedule
-from zerojax.precision import Policy, make_policy
+from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
+
+log = logging.getLogger("zerojax")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. gradients stayed non-finite); what was written stays."""
 
 
 class TrainState(NamedTuple):
@@ -35,6 +42,7 @@ class TrainState(NamedTuple):
     params: Any  # fp32 master weights, a nested dict
     opt_state: Any  # optax state (Adam moments in fp32)
     skipped: jax.Array  # consecutive non-finite steps
+    loss_scale: LossScaleState
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Setup:
     corpus: data_lib.Corpus
     graphdef: Any  # static structure of the model; params travel separately
     optimizer: optax.GradientTransformation
+    scaler: LossScaler
 
 
 NOT_YET = {  # config values whose feature has not landed yet: (is it asked for, what, the fix)
@@ -52,8 +61,8 @@ NOT_YET = {  # config values whose feature has not landed yet: (is it asked for,
     "optim.freeze": (lambda c: bool(c.optim.freeze), "frozen parameters are", "leave it empty"),
     "train.ckpt_every": (lambda c: c.train.ckpt_every != 0, "checkpoints are", "use 0"),
     "model.init_from": (lambda c: bool(c.model.init_from), "loading weights is", "leave it empty"),
-    "precision.compute": (lambda c: "float16" in (c.precision.compute, c.precision.gather),
-                          "float16 (it needs loss scaling) is", "use bfloat16 or float32"),
+    "precision.reduce": (lambda c: c.precision.reduce != "float32",
+                         "gradient reduction below fp32 is", "use float32"),
 }
 
 
@@ -80,8 +89,15 @@ def prepare(cfg: Config) -> Setup:
         )
     p = cfg.precision
     policy = make_policy(p.param, p.compute, p.gather, p.reduce, mesh.devices.flat[0].platform)
+    scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
+                              loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
+                              min_loss_scale=p.min_loss_scale)
+    if policy.compute == jnp.float16 and scaler.mode == "none":
+        log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
+                    "set precision.loss_scale=dynamic")
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, policy)))
-    return Setup(cfg, mesh, policy, corpus, graphdef, make_optimizer(cfg.optim, cfg.train.steps))
+    optimizer = make_optimizer(cfg.optim, cfg.train.steps)
+    return Setup(cfg, mesh, policy, corpus, graphdef, optimizer, scaler)
 
 
 def build_model(cfg: Config, policy: Policy) -> GPT:
@@ -97,7 +113,7 @@ def init_state(setup: Setup) -> TrainState:
     def init() -> TrainState:
         params = nnx.to_pure_dict(nnx.state(build_model(setup.cfg, setup.policy), nnx.Param))
         zero = jnp.zeros((), jnp.int32)
-        return TrainState(zero, params, setup.optimizer.init(params), zero)
+        return TrainState(zero, params, setup.optimizer.init(params), zero, setup.scaler.init())
 
     return jax.jit(init, out_shardings=mesh_lib.replicated(setup.mesh))()
 
@@ -108,13 +124,19 @@ def loss_fn(graphdef, params, batch_BS: jax.Array) -> jax.Array:
     return cross_entropy(logits_BTV, batch_BS[:, 1:])
 
 
-def accumulated_grads(graphdef, params, batch_BS, grad_accum: int, mesh: Mesh):
-    """Loss and fp32 gradient averaged over `grad_accum` equal microbatches (a lax.scan).
+def accumulated_grads(graphdef, params, batch_BS, grad_accum: int, mesh: Mesh, scale: jax.Array):
+    """Loss and fp32 gradient of `scale` x loss, averaged over `grad_accum` microbatches.
 
-    Microbatch j takes rows j, j+k, j+2k, ...: each device's contiguous block of rows splits
-    evenly into the k microbatches, so no rows move between devices.
+    The microbatches run in a lax.scan with an fp32 accumulator. Microbatch j takes rows j,
+    j+k, j+2k, ...: each device's contiguous block of rows splits evenly into the k
+    microbatches, so no rows move between devices.
     """
-    grad_fn = jax.value_and_grad(lambda p, b: loss_fn(graphdef, p, b))
+
+    def scaled_loss(p, b):
+        loss = loss_fn(graphdef, p, b)
+        return loss * scale, loss
+
+    grad_fn = lambda p, b: jax.grad(scaled_loss, has_aux=True)(p, b)[::-1]
     if grad_accum == 1:
         return grad_fn(params, batch_BS)
     B, S = batch_BS.shape
@@ -132,12 +154,18 @@ def accumulated_grads(graphdef, params, batch_BS, grad_accum: int, mesh: Mesh):
 
 
 def make_train_step(setup: Setup):
-    """The jitted step: gradients, global-norm, AdamW; a non-finite step changes nothing."""
+    """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW.
+
+    A step whose gradient is not finite changes nothing but the loss-scale state: parameters,
+    Adam moments and the optimizer's step count stay bit-identical.
+    """
     schedule = make_schedule(setup.cfg.optim, setup.cfg.train.steps)
 
     def train_step(state: TrainState, batch_BS: jax.Array):
+        scale = state.loss_scale.scale
         loss, grads = accumulated_grads(setup.graphdef, state.params, batch_BS,
-                                        setup.cfg.train.grad_accum, setup.mesh)
+                                        setup.cfg.train.grad_accum, setup.mesh, scale)
+        grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -148,9 +176,10 @@ def make_train_step(setup: Setup):
             params=keep_if_finite(params, state.params),
             opt_state=keep_if_finite(opt_state, state.opt_state),
             skipped=jnp.where(finite, 0, state.skipped + 1),
+            loss_scale=setup.scaler.update(state.loss_scale, finite),
         )
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "skipped": ~finite,
-                   "skipped_in_a_row": new_state.skipped}
+                   "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
         return new_state, metrics
 
     replicated = mesh_lib.replicated(setup.mesh)
@@ -199,7 +228,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
             state, metrics = train_step(state, batch)
             since += 1
             if pending is not None and int(pending) >= cfg.precision.max_skipped_steps:
-                raise RuntimeError(
+                raise TrainingError(
                     f"{int(pending)} consecutive steps had non-finite gradients (precision.max_skipped_steps"
                     f"={cfg.precision.max_skipped_steps}); lower optim.lr or check the data")
             pending = metrics["skipped_in_a_row"]  # read next step: keeps one step in flight
@@ -224,7 +253,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
 def _metrics_line(step: int, metrics: dict, tokens_per_sec: float) -> dict:
     m = jax.device_get(metrics)
     return {"step": step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
-            "lr": float(m["lr"]), "loss_scale": 1.0, "skipped": bool(m["skipped"]),
+            "lr": float(m["lr"]), "loss_scale": float(m["loss_scale"]), "skipped": bool(m["skipped"]),
             "tokens_per_sec": round(tokens_per_sec, 1)}
 
 

@@ -1,0 +1,133 @@
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from zerojax import config, train
+from zerojax.precision import LossScaler, make_loss_scaler, make_policy
+
+
+def run_scaler(scaler, finite_steps):
+    state, seen = scaler.init(), []
+    for finite in finite_steps:
+        state = scaler.update(state, jnp.bool_(finite))
+        seen.append((float(state.scale), int(state.hysteresis)))
+    return seen
+
+
+def test_overflow_halves_only_after_hysteresis_overflows():
+    scaler = LossScaler("dynamic", 2.0**16, window=1000, hysteresis=2, min_scale=1.0)
+    # 1st overflow uses up the hysteresis; 2nd halves; each further one halves again
+    assert run_scaler(scaler, [False, False, False, True]) == [
+        (65536.0, 1), (32768.0, 1), (16384.0, 1), (16384.0, 1)]
+
+
+def test_growth_after_window_clean_steps_restores_hysteresis():
+    scaler = LossScaler("dynamic", 8.0, window=3, hysteresis=2, min_scale=1.0)
+    seen = run_scaler(scaler, [True, True, True, True, True, True])
+    assert [s for s, _ in seen] == [8, 8, 16, 16, 16, 32]
+    # an overflow resets the clean-step count: growth needs `window` clean steps after it
+    seen = run_scaler(scaler, [True, True, False, True, True, True, False, False])
+    assert seen == [(8, 2), (8, 2), (8, 1), (8, 1), (8, 1), (16, 2), (16, 1), (8, 1)]
+
+
+def test_scale_never_drops_below_the_floor():
+    scaler = LossScaler("dynamic", 4.0, window=1000, hysteresis=1, min_scale=1.0)
+    assert [s for s, _ in run_scaler(scaler, [False] * 4)] == [2.0, 1.0, 1.0, 1.0]
+
+
+def test_static_and_none_keep_their_scale():
+    assert run_scaler(LossScaler("static", 128.0), [False, True]) == [(128.0, 2), (128.0, 2)]
+    fp16 = make_policy("float32", "float16", "auto", "float32", "cpu")
+    bf16 = make_policy("float32", "bfloat16", "auto", "float32", "cpu")
+    kw = dict(initial_scale_power=16, loss_scale_window=1000, hysteresis=2, min_loss_scale=1.0)
+    assert make_loss_scaler("dynamic", fp16, **kw).initial == 65536.0
+    assert make_loss_scaler("dynamic", bf16, **kw).mode == "none"  # bf16 has fp32's range
+    assert make_loss_scaler(64.0, bf16, **kw) == LossScaler("static", 64.0)
+
+
+def test_policy_presets_and_platform_default():
+    cfg = config.load(overrides=["precision.compute=bf16", "precision.gather=fp16"])
+    assert (cfg.precision.compute, cfg.precision.gather) == ("bfloat16", "float16")
+    assert make_policy("float32", "auto", "auto", "float32", "cpu").compute == jnp.float32
+    gpu = make_policy("float32", "auto", "auto", "float32", "gpu")
+    assert gpu.compute == gpu.gather == jnp.bfloat16
+
+
+def setup_for(tiny_overrides, *more):
+    return train.prepare(config.load(overrides=tiny_overrides + ["mesh.data=8", *more]))
+
+
+def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides):
+    setup = setup_for(tiny_overrides, "precision.compute=bf16")
+    state = train.init_state(setup)
+    batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+    step = train.make_train_step(setup)
+    hlo = step.lower(state, batch).as_text()
+    dots = [line.rsplit(":", 1)[-1] for line in hlo.splitlines() if "dot_general" in line]
+    assert len(dots) >= 20  # forward and backward of every matmul
+    element_types = [set(re.findall(r"x([a-z]+[0-9]*)>", d)) for d in dots]
+    assert all(types == {"bf16"} for types in element_types), dots
+    state, _ = step(state, batch)
+    assert {x.dtype for x in jax.tree.leaves((state.params, state.opt_state)) if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype("float32")}
+
+
+def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
+    setup = setup_for(tiny_overrides)
+    step = train.make_train_step(setup)
+    batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
+
+    state, _ = step(train.init_state(setup), batches[0])
+    before = jax.device_get(state)
+    poisoned = state._replace(loss_scale=state.loss_scale._replace(scale=jnp.float32(jnp.inf)))
+    state, metrics = step(poisoned, batches[1])  # loss x inf: every gradient is inf/nan
+    assert bool(metrics["skipped"]) and int(state.step) == 1 and int(state.skipped) == 1
+    after = jax.device_get(state)
+    for a, b in zip(jax.tree.leaves((after.params, after.opt_state)), jax.tree.leaves((before.params, before.opt_state))):
+        np.testing.assert_array_equal(a, b)  # bit-identical, Adam's count included
+    state, metrics = step(state._replace(loss_scale=before.loss_scale), batches[2])
+    assert not bool(metrics["skipped"]) and int(state.step) == 2
+
+    reference, _ = step(train.init_state(setup), batches[0])  # the same run without step 1
+    reference, _ = step(reference, batches[2])
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), jax.device_get(reference.params))
+
+
+def test_a_run_stops_after_max_skipped_steps(tiny_overrides):
+    cfg = config.load(overrides=tiny_overrides + ["optim.lr=1e30", "optim.warmup_steps=0", "optim.clip_norm=0",
+                                                  "precision.max_skipped_steps=3", "train.steps=20"])
+    with pytest.raises(train.TrainingError, match=r"3 consecutive steps had non-finite gradients"):
+        train.run(cfg, show_progress=False)
+
+
+def lost_gradients(tiny_overrides, *more):
+    """Fraction of gradient elements that are non-zero in fp32 but flushed to zero here."""
+    def grads(*extra):
+        setup = setup_for(tiny_overrides, *extra)
+        state = train.init_state(setup)
+        batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+        scale = state.loss_scale.scale
+        _, g = train.accumulated_grads(setup.graphdef, state.params, batch, 1, setup.mesh, scale)
+        return np.concatenate([np.ravel(x / scale) for x in jax.tree.leaves(g)])
+
+    ref, got = grads(), grads(*more)
+    return float(np.mean((got == 0) & (ref != 0)))
+
+
+def test_fp16_with_dynamic_scaling_tracks_fp32(tiny_overrides, caplog):
+    steps = ["train.steps=30", "train.log_every=5"]
+    fp32 = [x["loss"] for x in train.run(config.load(overrides=tiny_overrides + steps), show_progress=False)["history"]]
+    result = train.run(config.load(overrides=tiny_overrides + steps + ["precision.compute=fp16"]), show_progress=False)
+    fp16 = [x["loss"] for x in result["history"]]
+    assert result["history"][0]["loss_scale"] == 2.0**16
+    np.testing.assert_allclose(fp16, fp32, rtol=1e-2)  # fp16 keeps ~3 decimal digits per op
+    # Without the scale, fp16 flushes the smallest gradients (rare tokens' embedding rows, p/N
+    # cotangents of the logits) to zero; 2**16 lifts them above fp16's 6e-8 floor.
+    with caplog.at_level(logging.WARNING, logger="zerojax"):
+        unscaled = lost_gradients(tiny_overrides, "precision.compute=fp16", "precision.loss_scale=none")
+    assert "without loss scaling" in caplog.text
+    scaled = lost_gradients(tiny_overrides, "precision.compute=fp16")
+    assert unscaled > 10 * scaled and unscaled > 1e-4, (unscaled, scaled)

@@ -1,0 +1,89 @@
+"""Human-readable renderings (rich tables) of the JSON documents the CLI prints with --json."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from zerojax import accounting, formats
+
+BAR_WIDTH = 24
+
+
+def emit(doc: dict, as_json: bool, render) -> None:
+    """Exactly one JSON document on stdout with --json; otherwise the rich rendering."""
+    if as_json:
+        print(json.dumps(doc, allow_nan=False))
+    else:
+        console = Console()
+        if not console.is_terminal:
+            console.width = 120  # piped or captured: no terminal width to fit, keep rows whole
+        for item in render(doc):
+            console.print(item)
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units as in the ZeRO paper: 120 GB, 31.4 GB, 1.9 GB."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if n >= 100 or unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def memory_table(doc: dict):
+    stages = {int(s): b for s, b in doc["stages"].items()}
+    top = max(stages.values()) or 1
+    table = Table(title=f"Model states per device: Ψ = {doc['params']:,} parameters, "
+                        f"N = {doc['devices']} devices, K = {doc['k']:g}")
+    for column in ("stage", "FSDP name", "formula", "per device", ""):
+        table.add_column(column, justify="right" if column == "per device" else "left", no_wrap=True)
+    for stage, nbytes in stages.items():
+        bar = "█" * max(1, round(BAR_WIDTH * nbytes / top)) if nbytes else ""
+        table.add_row(str(stage), accounting.ALIASES[stage], accounting.FORMULAS[stage],
+                      human_bytes(nbytes), Text(bar, style="cyan"))
+    yield table
+
+
+FIELD_STYLES = ("bold white on grey35", "bold black on dark_orange", "bold cyan")  # sign, exponent, mantissa
+STATUS_STYLES = {"ok": "green", "overflow": "bold red", "nan": "bold magenta", "underflow": "bold yellow"}
+
+
+def _bits(bits: str) -> Text:
+    text = Text()
+    for field, style in zip(bits.split(" "), FIELD_STYLES):
+        text.append(field, style=style)
+        text.append(" ")
+    return text
+
+
+def _number(x) -> str:
+    if x is None:
+        return "-"
+    return x if isinstance(x, str) else f"{x:.10g}"
+
+
+def formats_tables(doc: dict):
+    for value in doc.get("values", []):
+        table = Table(title=f"{value['input']}  (sign | exponent | mantissa)")
+        for column in ("format", "bits", "stored", "rel. error", "status"):
+            table.add_column(column, no_wrap=True)
+        for name, cell in value["formats"].items():
+            err = cell["rel_error"]
+            table.add_row(formats.LABELS[name], _bits(cell["bits"]), _number(cell["stored"]),
+                          "-" if err is None else f"{err:.2e}",
+                          Text(cell["status"], style=STATUS_STYLES[cell["status"]]))
+        yield table
+    if "formats" in doc:
+        table = Table(title="Number formats")
+        for column in ("format", "bits s/e/m", "max finite", "min normal", "min subnormal",
+                       "gap after 1.0", "overflow"):
+            table.add_column(column, no_wrap=True)
+        for name, f in doc["formats"].items():
+            table.add_row(formats.LABELS[name], f["bits"], f"{f['max']:.6g}", f"{f['smallest_normal']:.3g}",
+                          f"{f['smallest_subnormal']:.3g}", f"2^{round(math.log2(f['eps']))}",
+                          "inf" if f["has_inf"] else "NaN")
+        yield table
