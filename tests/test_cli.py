@@ -40,13 +40,16 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["train", "train.global_batch=12"], "must be divisible by the data-parallel size mesh.replica x mesh.data = 8"),
     (["train", "mesh.data=16"], "mesh.replica=1 x mesh.data=16 needs 16 devices but only 8 cpu devices exist"),
     (["train", "mesh.replica=3"], "train.global_batch=32 / train.grad_accum=1 = 32 rows per microbatch"),
-    (["train", "zero.stage=3"], "zero.stage=3: ZeRO stages 1-3 are not implemented in zerojax yet; use zero.stage=0"),
+    (["train", "zero.schedule=shard_map"], "zero.schedule='shard_map': the explicit shard_map unit schedule is not implemented"),
+    (["train", "optim.freeze=hed"], "optim.freeze pattern 'hed' matches no parameter"),
+    (["analyze", "--stages", "0,4"], "'0,4' is not a list of stages"),
+    (["analyze", "model.d_mdoel=8"], "did you mean 'model.d_model'?"),
     (["train", "--bogus"], "unrecognized arguments: --bogus"),
     (["fly"], "invalid choice: 'fly'"),
 ])
 def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(args + ["train.steps=1"] if args[0] == "train" and "--config" not in args else args) == 2
+    assert cli.main(args + ["train.steps=1"] if args[0] != "fly" and "--config" not in args and "--stages" not in args else args) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
     assert message in err

@@ -8,7 +8,7 @@ from zerojax import config
 
 def test_defaults_are_the_tiny_run():
     cfg = config.load()
-    assert cfg.name == "tiny" and cfg.zero.stage == 0 and cfg.mesh.cpu_devices == 8
+    assert cfg.name == "tiny" and cfg.zero.stage == 3 and cfg.mesh.cpu_devices == 8
     assert cfg.data.source == "stdlib" and cfg.model.vocab_size == 256
     assert str(cfg.run_dir) == "runs/tiny"
 

@@ -110,7 +110,7 @@ def lost_gradients(tiny_overrides, *more):
         state = train.init_state(setup)
         batch = train.global_batch(setup, setup.corpus.train, 0, 0)
         scale = state.loss_scale.scale
-        _, g = train.accumulated_grads(setup.graphdef, state.params, batch, 1, setup.mesh, scale)
+        _, g = train.accumulated_grads(setup, state.params, batch, scale)
         return np.concatenate([np.ravel(x / scale) for x in jax.tree.leaves(g)])
 
     ref, got = grads(), grads(*more)

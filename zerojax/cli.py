@@ -38,6 +38,12 @@ def build_parser() -> Parser:
     memory.add_argument("--k", type=float, default=12, help="optimizer bytes per parameter (Adam: 12)")
     memory.add_argument("--json", action="store_true", help="print one JSON document")
 
+    analyze = sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas")
+    analyze.add_argument("--config", help="YAML config file (see configs/)")
+    analyze.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    analyze.add_argument("--stages", type=stage_list, default=(0, 1, 2, 3), help="e.g. 0,3 (default 0,1,2,3)")
+    analyze.add_argument("--json", action="store_true", help="print one JSON document")
+
     formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
     formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
     formats.add_argument("--table", action="store_true", help="range and precision of each format")
@@ -58,6 +64,16 @@ def parse_count(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
     return value
+
+
+def stage_list(text: str) -> tuple[int, ...]:
+    try:
+        stages = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        stages = ()
+    if not stages or any(s not in (0, 1, 2, 3) for s in stages):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of stages; use e.g. 0,1,2,3 or 3")
+    return stages
 
 
 def positive_int(text: str) -> int:
@@ -113,6 +129,18 @@ def cmd_memory(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    from zerojax import accounting, config, report, train
+
+    try:
+        cfg = config.load(args.config, args.overrides)
+        train.prepare(cfg)  # bad input surfaces here, before any compilation
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
+    report.emit(accounting.analyze(cfg, args.stages), args.json, report.analyze_table)
+    return 0
+
+
 def cmd_formats(args) -> int:
     from zerojax import formats, report
 
@@ -128,7 +156,7 @@ def cmd_formats(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "memory": cmd_memory, "formats": cmd_formats}
+COMMANDS = {"train": cmd_train, "memory": cmd_memory, "analyze": cmd_analyze, "formats": cmd_formats}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,8 +90,8 @@ class MeshConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeroConfig:
-    stage: int = 0  # ZeRO stage 0-3 (only 0, plain data parallelism, is implemented so far)
-    schedule: str = "shard_map"  # shard_map (explicit unit schedule) | gspmd (annotations only)
+    stage: int = 3  # ZeRO stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters
+    schedule: str = "gspmd"  # gspmd (sharding annotations) | shard_map (explicit unit schedule: not yet)
     reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
     prefetch: int = 1  # units gathered ahead of the one computing
     min_shard_size: int = 1024  # leaves with fewer elements stay replicated

@@ -87,3 +87,17 @@ def formats_tables(doc: dict):
                           f"{f['smallest_subnormal']:.3g}", f"2^{round(math.log2(f['eps']))}",
                           "inf" if f["has_inf"] else "NaN")
         yield table
+
+
+def analyze_table(doc: dict):
+    table = Table(title=f"Compiled train step per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
+                        f"(N = {doc['devices']} on data)")
+    for column in ("stage", "schedule", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"):
+        table.add_column(column, justify="left" if column in ("stage", "schedule") else "right", no_wrap=True)
+    for stage, m in doc["stages"].items():
+        table.add_row(stage, m["schedule"], human_bytes(m["argument_bytes"]), human_bytes(m["formula_bytes"]),
+                      f"{m['argument_bytes'] / m['formula_bytes']:.2f}", human_bytes(m["temp_bytes"]),
+                      human_bytes(m["output_bytes"]), human_bytes(m["unsharded_bytes"]))
+    yield table
+    yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, "
+           "and the batch), from XLA's memory_analysis(); formula: DESIGN §2 with 2-byte params/grads, K = 12.")

@@ -2,9 +2,14 @@
 
 `prepare` turns a Config into everything a run needs and is where bad input surfaces (as
 ValueError, before anything is written); `run` then creates the run directory and trains.
-Stage 0 (plain data parallelism): the batch is split over every device of the mesh, the fp32
-master weights and Adam state are replicated, and XLA all-reduces the gradients because the
-loss is a mean over the global batch.
+
+Every ZeRO stage is the same step with a different sharding plan (`zerojax.sharding`): the
+master weights and Adam moments live in the plan's master layout, the forward/backward sees a
+compute view of them (unpadded, cast to the gather dtype, placed in the compute layout: XLA
+all-gathers them for stages 1-2, and at each use for stage 3), and the gradient is constrained
+to the gradient layout (XLA all-reduces it for stage 0, reduce-scatters it for stages 1-3).
+Activations are kept batch-sharded between blocks. This is the `zero.schedule=gspmd` schedule:
+the collectives are XLA's to place.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +30,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax import mesh as mesh_lib
+from zerojax import sharding as sharding_lib
 from zerojax.config import Config
 from zerojax.models import GPT, cross_entropy
-from zerojax.optim import make_optimizer, make_schedule
+from zerojax.optim import check_freeze, frozen_mask, make_optimizer, make_schedule
 from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
+from zerojax.sample import Progress, sample_text
 
 log = logging.getLogger("zerojax")
 
@@ -39,8 +46,8 @@ class TrainingError(RuntimeError):
 
 class TrainState(NamedTuple):
     step: jax.Array  # optimizer updates applied
-    params: Any  # fp32 master weights, a nested dict
-    opt_state: Any  # optax state (Adam moments in fp32)
+    params: Any  # fp32 master weights, a nested dict, in the plan's master layout (padded)
+    opt_state: Any  # optax state (Adam moments in fp32), laid out like the master weights
     skipped: jax.Array  # consecutive non-finite steps
     loss_scale: LossScaleState
 
@@ -52,13 +59,19 @@ class Setup:
     policy: Policy
     corpus: data_lib.Corpus
     graphdef: Any  # static structure of the model; params travel separately
+    plan: sharding_lib.Plan
+    frozen: Any  # pytree of bools: leaves that get no gradient
     optimizer: optax.GradientTransformation
     scaler: LossScaler
 
+    def view(self, master) -> GPT:
+        """The model over the compute view of the master weights (for eval and sampling)."""
+        return nnx.merge(self.graphdef, compute_params(self, master))
+
 
 NOT_YET = {  # config values whose feature has not landed yet: (is it asked for, what, the fix)
-    "zero.stage": (lambda c: c.zero.stage != 0, "ZeRO stages 1-3 are", "use zero.stage=0"),
-    "optim.freeze": (lambda c: bool(c.optim.freeze), "frozen parameters are", "leave it empty"),
+    "zero.schedule": (lambda c: c.zero.schedule == "shard_map" and c.zero.stage >= 2,
+                      "the explicit shard_map unit schedule is", "use zero.schedule=gspmd"),
     "train.ckpt_every": (lambda c: c.train.ckpt_every != 0, "checkpoints are", "use 0"),
     "model.init_from": (lambda c: bool(c.model.init_from), "loading weights is", "leave it empty"),
     "precision.reduce": (lambda c: c.precision.reduce != "float32",
@@ -95,9 +108,13 @@ def prepare(cfg: Config) -> Setup:
     if policy.compute == jnp.float16 and scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, policy)))
-    optimizer = make_optimizer(cfg.optim, cfg.train.steps)
-    return Setup(cfg, mesh, policy, corpus, graphdef, optimizer, scaler)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, policy)))
+    abstract = nnx.to_pure_dict(abstract)
+    check_freeze(abstract, cfg.optim.freeze)
+    plan = sharding_lib.make_plan(abstract, cfg.zero.stage, mesh.shape["data"], cfg.zero.min_shard_size,
+                                  stacked=GPT.STACKED)
+    return Setup(cfg, mesh, policy, corpus, graphdef, plan, frozen_mask(abstract, cfg.optim.freeze),
+                 make_optimizer(cfg.optim, cfg.train.steps), scaler)
 
 
 def build_model(cfg: Config, policy: Policy) -> GPT:
@@ -107,53 +124,82 @@ def build_model(cfg: Config, policy: Policy) -> GPT:
                policy=policy, rngs=nnx.Rngs(cfg.train.seed))
 
 
-def init_state(setup: Setup) -> TrainState:
-    """Parameters and optimizer state, born with their (replicated) shardings."""
+def state_shardings(setup: Setup, abstract_state: TrainState):
+    plan, mesh = setup.plan, setup.mesh
+    specs = TrainState(P(), plan.master_specs, sharding_lib.state_specs(abstract_state.opt_state, plan, plan.layout.master),
+                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale))
+    return sharding_lib.named(mesh, specs)
+
+
+def init_state(setup: Setup, *, abstract: bool = False) -> TrainState:
+    """Master weights and optimizer state, born in the plan's layout (never gathered whole).
+
+    With `abstract`, only the shapes and shardings (for compiling without allocating).
+    """
 
     def init() -> TrainState:
         params = nnx.to_pure_dict(nnx.state(build_model(setup.cfg, setup.policy), nnx.Param))
+        params = setup.plan.pad(params)
         zero = jnp.zeros((), jnp.int32)
         return TrainState(zero, params, setup.optimizer.init(params), zero, setup.scaler.init())
 
-    return jax.jit(init, out_shardings=mesh_lib.replicated(setup.mesh))()
+    shardings = state_shardings(setup, jax.eval_shape(init))
+    if abstract:
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            jax.eval_shape(init), shardings)
+    return jax.jit(init, out_shardings=shardings)()
 
 
-def loss_fn(graphdef, params, batch_BS: jax.Array) -> jax.Array:
+def compute_params(setup: Setup, master):
+    """What the forward/backward sees: unpadded, cast to the gather dtype, in the compute layout."""
+    params = setup.plan.unpad(master)
+    params = jax.tree.map(lambda x, f: jax.lax.stop_gradient(x) if f else x, params, setup.frozen)
+    params = jax.tree.map(lambda x: x.astype(setup.policy.gather), params)
+    # A padded leaf, sliced back to its true shape, stays sharded (unevenly: XLA pads inside).
+    return sharding_lib.constrain(params, setup.mesh, setup.plan.compute_specs)
+
+
+def loss_fn(setup: Setup, master, batch_BS: jax.Array) -> jax.Array:
     """Mean next-token loss of a [B, T+1] batch (inputs and their successors)."""
-    logits_BTV = nnx.merge(graphdef, params)(batch_BS[:, :-1])
+    batch_axes = NamedSharding(setup.mesh, P(mesh_lib.BATCH_AXES))
+    model = nnx.merge(setup.graphdef, compute_params(setup, master))
+    logits_BTV = model(batch_BS[:, :-1], constrain=lambda x: jax.lax.with_sharding_constraint(x, batch_axes))
     return cross_entropy(logits_BTV, batch_BS[:, 1:])
 
 
-def accumulated_grads(graphdef, params, batch_BS, grad_accum: int, mesh: Mesh, scale: jax.Array):
-    """Loss and fp32 gradient of `scale` x loss, averaged over `grad_accum` microbatches.
+def accumulated_grads(setup: Setup, master, batch_BS, scale: jax.Array):
+    """Loss and fp32 gradient of `scale` x loss over `train.grad_accum` microbatches.
 
-    The microbatches run in a lax.scan with an fp32 accumulator. Microbatch j takes rows j,
-    j+k, j+2k, ...: each device's contiguous block of rows splits evenly into the k
-    microbatches, so no rows move between devices.
+    The microbatches run in a lax.scan with an fp32 accumulator in the stage's accumulator
+    layout. Microbatch j takes rows j, j+k, j+2k, ...: each device's contiguous block of rows
+    splits evenly into the k microbatches, so no rows move between devices.
     """
+    plan, mesh, k = setup.plan, setup.mesh, setup.cfg.train.grad_accum
 
-    def scaled_loss(p, b):
-        loss = loss_fn(graphdef, p, b)
-        return loss * scale, loss
+    def grad_fn(micro_BS):
+        scaled = lambda p: (lambda loss: (loss * scale, loss))(loss_fn(setup, p, micro_BS))
+        grads, loss = jax.grad(scaled, has_aux=True)(master)
+        return loss, grads
 
-    grad_fn = lambda p, b: jax.grad(scaled_loss, has_aux=True)(p, b)[::-1]
-    if grad_accum == 1:
-        return grad_fn(params, batch_BS)
+    if k == 1:
+        loss, grads = grad_fn(batch_BS)
+        return loss, sharding_lib.constrain(grads, mesh, plan.grad_specs)
     B, S = batch_BS.shape
-    micro_kBS = batch_BS.reshape(B // grad_accum, grad_accum, S).swapaxes(0, 1)
-    micro_kBS = jax.lax.with_sharding_constraint(
-        micro_kBS, NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES)))
+    micro_kBS = batch_BS.reshape(B // k, k, S).swapaxes(0, 1)
+    micro_kBS = jax.lax.with_sharding_constraint(micro_kBS, NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES)))
 
     def body(acc, micro_BS):
-        loss, grads = grad_fn(params, micro_BS)
-        return jax.tree.map(jnp.add, acc, (loss, grads)), None
+        loss, grads = grad_fn(micro_BS)
+        acc = jax.tree.map(jnp.add, acc, (loss, grads))
+        return (acc[0], sharding_lib.constrain(acc[1], mesh, plan.accum_specs)), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    total, _ = jax.lax.scan(body, zeros, micro_kBS)
-    return jax.tree.map(lambda x: x / grad_accum, total)
+    zeros = sharding_lib.constrain(jax.tree.map(jnp.zeros_like, master), mesh, plan.accum_specs)
+    (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro_kBS)
+    grads = sharding_lib.constrain(jax.tree.map(lambda g: g / k, grads), mesh, plan.grad_specs)
+    return loss / k, grads
 
 
-def make_train_step(setup: Setup):
+def make_train_step(setup: Setup, abstract_state: TrainState | None = None):
     """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW.
 
     A step whose gradient is not finite changes nothing but the loss-scale state: parameters,
@@ -163,8 +209,7 @@ def make_train_step(setup: Setup):
 
     def train_step(state: TrainState, batch_BS: jax.Array):
         scale = state.loss_scale.scale
-        loss, grads = accumulated_grads(setup.graphdef, state.params, batch_BS,
-                                        setup.cfg.train.grad_accum, setup.mesh, scale)
+        loss, grads = accumulated_grads(setup, state.params, batch_BS, scale)
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
@@ -182,14 +227,14 @@ def make_train_step(setup: Setup):
                    "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
         return new_state, metrics
 
+    shardings = state_shardings(setup, abstract_state or init_state(setup, abstract=True))
     replicated = mesh_lib.replicated(setup.mesh)
-    return jax.jit(train_step, in_shardings=(replicated, mesh_lib.batch_sharding(setup.mesh)),
-                   out_shardings=(replicated, replicated), donate_argnums=0)
+    return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(setup.mesh)),
+                   out_shardings=(shardings, replicated), donate_argnums=0)
 
 
 def make_eval_step(setup: Setup):
-    return jax.jit(lambda params, batch_BS: loss_fn(setup.graphdef, params, batch_BS),
-                   in_shardings=(mesh_lib.replicated(setup.mesh), mesh_lib.batch_sharding(setup.mesh)))
+    return jax.jit(lambda params, batch_BS: loss_fn(setup, params, batch_BS))
 
 
 def global_batch(setup: Setup, tokens: np.ndarray, stream: int, step: int) -> jax.Array:
@@ -257,63 +302,3 @@ def _metrics_line(step: int, metrics: dict, tokens_per_sec: float) -> dict:
             "tokens_per_sec": round(tokens_per_sec, 1)}
 
 
-def sample_text(setup: Setup, params, prompt: str = "def ", n_new: int = 200) -> str:
-    """A short continuation of `prompt` (bytes corpora) from the trained model."""
-    if setup.corpus.vocab_size != 256:
-        prompt_ids = [int(t) for t in setup.corpus.val[:8]]
-    else:
-        prompt_ids = list(prompt.encode())
-    ids = generate(setup.graphdef, params, prompt_ids, n_new, setup.cfg.model.seq_len, setup.cfg.train.seed)
-    if setup.corpus.vocab_size != 256:
-        return " ".join(map(str, ids))
-    return bytes(ids).decode("utf-8", errors="replace")
-
-
-def generate(graphdef, params, prompt_ids: list[int], n_new: int, seq_len: int, seed: int,
-             temperature: float = 0.8) -> list[int]:
-    """Sample `n_new` tokens after the prompt, re-running the last `seq_len` tokens each time."""
-
-    @jax.jit
-    def next_token(params, window_1T, length, key):
-        logits_V = nnx.merge(graphdef, params)(window_1T)[0, length - 1]
-        return jax.random.categorical(key, logits_V / temperature)
-
-    ids, key = list(prompt_ids), jax.random.key(seed)
-    for _ in range(n_new):
-        context = ids[-seq_len:]
-        window = np.zeros((1, seq_len), np.int32)
-        window[0, : len(context)] = context
-        key, sub = jax.random.split(key)
-        ids.append(int(next_token(params, window, len(context), sub)))
-    return ids
-
-
-class Progress:
-    """A rich progress bar with step, loss, eval loss and tokens/s (silent when disabled)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
-            self.bar = Bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
-                           TimeRemainingColumn())
-            self.bar.__enter__()
-            self.task = self.bar.add_task("train", total=self.total, loss="-", eval="-", tps="-")
-        return self
-
-    def update(self, step: int, line: dict | None = None):
-        if not self.enabled:
-            return
-        fields = {}
-        if line:
-            fields = {"loss": f"{line['loss']:.3f}", "tps": f"{line['tokens_per_sec']:,.0f}"}
-            if "eval_loss" in line:
-                fields["eval"] = f"{line['eval_loss']:.3f}"
-        self.bar.update(self.task, completed=step, **fields)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.__exit__(*exc)

@@ -106,7 +106,13 @@ class Head(nnx.Module):
         return logits_BTV.astype(jnp.float32)
 
 
+def _identity(x):
+    return x
+
+
 class GPT(nnx.Module):
+    STACKED = ("blocks",)  # units whose parameters carry a leading layer axis
+
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                  seq_len: int, tie_embeddings: bool = True, remat: str = "none",
                  policy: Policy = Policy(), rngs: nnx.Rngs):
@@ -121,19 +127,20 @@ class GPT(nnx.Module):
         self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
         self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs)
 
-    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-        """Logits [B, T, V] in fp32."""
-        x_BTD = self.embed(tokens_BT)
-        x_BTD = scan_blocks(self.blocks, x_BTD, self.remat)
+    def __call__(self, tokens_BT: jax.Array, constrain=_identity) -> jax.Array:
+        """Logits [B, T, V] in fp32. `constrain` is applied to the activations between units
+        (a training loop uses it to keep them batch-sharded; the model knows no meshes)."""
+        x_BTD = constrain(self.embed(tokens_BT))
+        x_BTD = scan_blocks(self.blocks, x_BTD, self.remat, constrain)
         return self.head(x_BTD, self.embed)
 
 
-def scan_blocks(blocks: Block, x_BTD: jax.Array, remat: str = "none") -> jax.Array:
+def scan_blocks(blocks: Block, x_BTD: jax.Array, remat: str = "none", constrain=_identity) -> jax.Array:
     """Apply stacked blocks one layer at a time with `lax.scan`."""
     graphdef, stacked = nnx.split(blocks)
 
     def body(x_BTD, layer_state):
-        return nnx.merge(graphdef, layer_state)(x_BTD), None
+        return constrain(nnx.merge(graphdef, layer_state)(x_BTD)), None
 
     if remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])

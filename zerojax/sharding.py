@@ -1,0 +1,187 @@
+"""ZeRO stages as data: for every parameter leaf, the PartitionSpec of each of its copies.
+
+A stage says which copies are split over the `data` axis (they are always replicated over
+`replica`, the hybrid-sharding axis):
+
+    stage  master + Adam moments  gradient  accumulator  compute params
+    0      replicated             repl.     repl.        replicated      (DDP, NO_SHARD)
+    1      sharded                sharded   repl.        replicated
+    2      sharded                sharded   sharded      replicated      (SHARD_GRAD_OP)
+    3      sharded                sharded   sharded      sharded         (FULL_SHARD)
+
+Stage 1 reduces the full gradient once per step (its accumulator holds full gradients, as
+ZeRO-1 keeps them); stage 2 keeps even the accumulator sharded. A sharded leaf is split along
+one dim: the largest dim divisible by the data size, never the stacked layer axis, so that a
+scan over layers slices a layer without communication. A leaf with fewer than
+`min_shard_size` elements stays replicated (its bytes are reported as unsharded). A leaf with no
+divisible dim is zero-padded along its largest dim up to a multiple of the data size: the
+stored copies (master, moments) are padded, and `unpad` slices the true shape back wherever
+the values are used, so padding never reaches the loss, a parameter count or an export.
+
+Notation (scaling-book): `W[L, D_data, F]` is W with dim D sharded over the data axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA = "data"
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    master: bool  # fp32 master weights and the optimizer moments
+    grads: bool  # the gradient handed to the optimizer
+    accum: bool  # the gradient-accumulation buffer
+    compute: bool  # the params the forward/backward sees
+
+
+LAYOUTS = {
+    0: StageLayout(master=False, grads=False, accum=False, compute=False),
+    1: StageLayout(master=True, grads=True, accum=False, compute=False),
+    2: StageLayout(master=True, grads=True, accum=True, compute=False),
+    3: StageLayout(master=True, grads=True, accum=True, compute=True),
+}
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    path: str
+    shape: tuple[int, ...]  # the parameter's true shape
+    stored: tuple[int, ...]  # the shape of its stored copies (padded where needed)
+    dim: int | None  # the dim split over `data`; None: always replicated
+    itemsize: int  # bytes per element of the master copy
+
+    def spec(self, sharded: bool) -> P:
+        if not sharded or self.dim is None:
+            return P()
+        return P(*[DATA if i == self.dim else None for i in range(len(self.stored))])
+
+    @property
+    def padded(self) -> bool:
+        return self.stored != self.shape
+
+
+def choose_dim(shape: tuple[int, ...], n: int, first: int) -> tuple[int, tuple[int, ...]]:
+    """The dim to shard (largest divisible by n, dims before `first` excluded) and stored shape."""
+    dims = sorted(range(first, len(shape)), key=lambda d: (-shape[d], d))
+    for d in dims:
+        if shape[d] % n == 0:
+            return d, shape
+    d = dims[0]  # nothing divides: pad the largest dim
+    return d, shape[:d] + (math.ceil(shape[d] / n) * n,) + shape[d + 1 :]
+
+
+def path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+@dataclass(frozen=True)
+class Plan:
+    stage: int
+    data_size: int
+    leaves: dict  # a pytree like the params, of LeafPlan
+
+    @property
+    def layout(self) -> StageLayout:
+        return LAYOUTS[self.stage]
+
+    def specs(self, sharded: bool):
+        return jax.tree.map(lambda leaf: leaf.spec(sharded), self.leaves)
+
+    @property
+    def master_specs(self):
+        return self.specs(self.layout.master)
+
+    @property
+    def grad_specs(self):
+        return self.specs(self.layout.grads)
+
+    @property
+    def accum_specs(self):
+        return self.specs(self.layout.accum)
+
+    @property
+    def compute_specs(self):
+        return self.specs(self.layout.compute)
+
+    def pad(self, params):
+        def pad_leaf(leaf: LeafPlan, x):
+            return jnp.pad(x, [(0, s - t) for s, t in zip(leaf.stored, leaf.shape)]) if leaf.padded else x
+
+        return jax.tree.map(pad_leaf, self.leaves, params)
+
+    def unpad(self, params):
+        def unpad_leaf(leaf: LeafPlan, x):
+            return x[tuple(slice(0, t) for t in leaf.shape)] if leaf.padded else x
+
+        return jax.tree.map(unpad_leaf, self.leaves, params)
+
+    def abstract_master(self, dtype=jnp.float32):
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.stored, dtype), self.leaves)
+
+    def rows(self) -> list[dict]:
+        """One row per leaf for printing: path, shape, dim, padding, bytes per device."""
+        out = []
+        for leaf in jax.tree.leaves(self.leaves):
+            sharded = self.layout.master and leaf.dim is not None
+            stored = math.prod(leaf.stored) * leaf.itemsize
+            out.append({"path": leaf.path, "shape": list(leaf.shape), "stored": list(leaf.stored),
+                        "dim": leaf.dim, "spec": str(leaf.spec(self.layout.master)),
+                        "master_bytes_per_device": stored // self.data_size if sharded else stored})
+        return out
+
+    def unsharded_bytes(self) -> int:
+        """Bytes of master weights that stay replicated (small leaves), per device."""
+        return sum(math.prod(x.stored) * x.itemsize for x in jax.tree.leaves(self.leaves) if x.dim is None)
+
+
+def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
+              stacked: tuple[str, ...] = ()) -> Plan:
+    """The plan for `abstract_params` (a pytree of shapes; nothing is allocated).
+
+    `stacked` names the top-level units whose leaves carry a leading layer axis.
+    """
+
+    def leaf_plan(path, x) -> LeafPlan:
+        name, shape = path_name(path), tuple(x.shape)
+        first = 1 if name.split("/")[0] in stacked else 0
+        itemsize = jnp.dtype(x.dtype).itemsize
+        if math.prod(shape) < min_shard_size or len(shape) <= first or data_size == 1:
+            return LeafPlan(name, shape, shape, None, itemsize)
+        dim, stored = choose_dim(shape, data_size, first)
+        return LeafPlan(name, shape, stored, dim, itemsize)
+
+    return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params))
+
+
+def named(mesh: Mesh, specs):
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def constrain(tree, mesh: Mesh, specs):
+    """with_sharding_constraint leaf by leaf: where XLA must place each value."""
+    return jax.lax.with_sharding_constraint(tree, named(mesh, specs))
+
+
+def state_specs(opt_state, plan: Plan, sharded: bool):
+    """Specs for an optax state: a leaf that ends in a parameter's path and has its stored shape
+    (Adam's mu and nu, whatever chain or mask wraps them) follows that parameter; the rest
+    (step counts, scalars) is replicated."""
+    by_path = {tuple(leaf.path.split("/")): leaf for leaf in jax.tree.leaves(plan.leaves)}
+    depth = {len(k) for k in by_path}
+
+    def spec(path, x):
+        names = tuple(path_name(path).split("/"))
+        for n in depth:
+            leaf = by_path.get(names[-n:])
+            if leaf is not None and tuple(x.shape) == leaf.stored:
+                return leaf.spec(sharded)
+        return P()
+
+    return jax.tree_util.tree_map_with_path(spec, opt_state)
