@@ -40,7 +40,7 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["train", "train.global_batch=12"], "must be divisible by the data-parallel size mesh.replica x mesh.data = 8"),
     (["train", "mesh.data=16"], "mesh.replica=1 x mesh.data=16 needs 16 devices but only 8 cpu devices exist"),
     (["train", "mesh.replica=3"], "train.global_batch=32 / train.grad_accum=1 = 32 rows per microbatch"),
-    (["train", "zero.schedule=shard_map"], "zero.schedule='shard_map': the explicit shard_map unit schedule is not implemented"),
+    (["train", "zero.schedule=gspmd", "precision.reduce=bf16"], "precision.reduce='bfloat16': choosing the reduce dtype under gspmd is not implemented"),
     (["train", "optim.freeze=hed"], "optim.freeze pattern 'hed' matches no parameter"),
     (["analyze", "--stages", "0,4"], "'0,4' is not a list of stages"),
     (["analyze", "model.d_mdoel=8"], "did you mean 'model.d_model'?"),

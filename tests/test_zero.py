@@ -38,10 +38,11 @@ TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=6
     ["zero.stage=2", "train.grad_accum=2"],
     ["zero.stage=3", "train.grad_accum=4", "mesh.replica=2", "mesh.data=4"],
 ], ids=lambda e: " ".join(e))
-def test_every_stage_matches_one_device(extra, reference, tmp_path):
+@pytest.mark.parametrize("schedule", ["shard_map", "gspmd"])
+def test_every_stage_matches_one_device(extra, schedule, reference, tmp_path):
     # fp32 throughout; the runs differ only in the order of sums (over devices, microbatches),
     # a few ulps per step that Adam carries along: 1e-5 relative holds over 5 steps.
-    losses, _ = run(TINY + SMALL + extra + [f"train.out_dir={tmp_path}"])
+    losses, _ = run(TINY + SMALL + extra + [f"zero.schedule={schedule}", f"train.out_dir={tmp_path}"])
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
 
 

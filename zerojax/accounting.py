@@ -9,6 +9,9 @@ section 5:
 
 from __future__ import annotations
 
+import math
+import re
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -64,15 +67,161 @@ def analyze(cfg, stages_wanted=STAGES) -> dict:
     """The `zerojax analyze --json` document: per stage, measured bytes next to the formulas."""
     import dataclasses
 
-    params, stages, n, mesh = count_params(cfg), {}, None, None
+    params, stages, setup = count_params(cfg), {}, None
     for stage in stages_wanted:
         staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
         setup, compiled = compile_step(staged)
-        n, mesh = setup.mesh.shape["data"], dict(setup.mesh.shape)
-        stages[str(stage)] = {
-            **measure_memory(compiled),
-            "formula_bytes": model_state_bytes(stage, params, n),
-            "unsharded_bytes": setup.plan.unsharded_bytes() if stage else 0,
-            "schedule": staged.zero.schedule if stage >= 2 else "gspmd",
-        }
-    return {"params": params, "devices": n, "mesh": mesh, "stages": stages}
+        stages[str(stage)] = stage_report(setup, compiled, params)
+    return {"params": params, "devices": setup.mesh.shape["data"], "mesh": dict(setup.mesh.shape),
+            "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages}
+
+
+def stage_report(setup, compiled, params: int) -> dict:
+    stage, n, z = setup.plan.stage, setup.mesh.shape["data"], setup.cfg.zero
+    comm = collective_bytes(compiled.as_text(), setup.mesh.devices.size)
+    # b_g and b_r as XLA communicates them (the CPU backend moves bf16 as f32), else the policy's.
+    b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), setup.policy.gather.itemsize)
+    b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
+                          setup.policy.reduce.itemsize)
+    outer = sum(math.prod(leaf.shape) for unit in ("embed", "head")
+                for leaf in jax.tree.leaves(setup.plan.leaves[unit]))
+    explicit = z.schedule == "shard_map"
+    return {
+        **measure_memory(compiled),
+        "formula_bytes": model_state_bytes(stage, params, n),
+        "unsharded_bytes": setup.plan.unsharded_bytes() if stage else 0,
+        "schedule": z.schedule,
+        "comm_bytes": sum(comm["bytes"].values()),
+        "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward),
+        "comm_schedule_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward,
+                                                        gathered_once=outer if explicit else 0),
+        "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
+    }
+
+
+def regime(setup) -> dict:
+    """Weight bytes a block gathers vs the activation bytes a block sees, per device.
+
+    ZeRO-3 moves a block's weights to every device; a tensor-parallel style schedule (which
+    GSPMD may pick on its own) moves activations instead. When the activations per device are
+    much smaller than the weights (few tokens per device) moving activations sends less."""
+    cfg, n_dev = setup.cfg, setup.mesh.devices.size
+    block = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(setup.plan.leaves["blocks"]))
+    tokens = cfg.train.global_batch // cfg.train.grad_accum * cfg.model.seq_len // n_dev
+    weight_bytes = block * setup.policy.gather.itemsize
+    activation_bytes = tokens * cfg.model.d_model * setup.policy.compute.itemsize
+    weights_dominate = weight_bytes > 4 * activation_bytes
+    return {"unit_weight_bytes": weight_bytes, "unit_activation_bytes": activation_bytes,
+            "tokens_per_device": tokens,
+            "regime": "activation-moving" if weights_dominate else "weight-gathering",
+            "advice": ("few tokens per device: a block's weights outweigh its activations "
+                       f"{weight_bytes / activation_bytes:.0f}x; moving activations (tensor parallelism, "
+                       "or GSPMD's own choice with zero.schedule=gspmd) would send less than ZeRO-3; "
+                       "raise train.global_batch or use fewer devices on the data axis")
+            if weights_dominate else
+            ("ZeRO-3 / FSDP is the right schedule: a block's weights per device "
+             f"({weight_bytes:,} B) are within 4x of its activations ({activation_bytes:,} B)")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication: bytes each device sends per step, read from the optimized HLO.
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2,
+               "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OP = re.compile(r"=\s*(\(.*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'known_trip_count"?\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+
+
+def _shape_bytes(text: str) -> tuple[int, str]:
+    """Bytes of an HLO shape (tuples summed) and its (first) element type."""
+    total, dtype = 0, None
+    for element, dims in _SHAPE.findall(text):
+        if element in DTYPE_BYTES:
+            total += DTYPE_BYTES[element] * math.prod(int(d) for d in dims.split(",") if d)
+            dtype = dtype or element
+    return total, dtype
+
+
+def _group_size(line: str, n_devices: int) -> int:
+    """Devices per replica group, in each syntax XLA prints."""
+    if m := re.search(r"replica_groups=\{\{([\d,]*)\}", line):
+        return len(m.group(1).split(","))
+    if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line):
+        return int(m.group(2))
+    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):
+        sizes = dict(re.findall(r"'?(\w+)'?=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a.strip(" '")]) for a in m.group(2).split(",") if a.strip(" '"))
+    return n_devices  # replica_groups={} or absent: every device
+
+
+def _sent_bytes(kind: str, result_bytes: int, group: int) -> float:
+    """Ring algorithms: what one device sends (DESIGN §2)."""
+    g = (group - 1) / group
+    if kind == "all-gather":
+        return g * result_bytes
+    if kind == "reduce-scatter":
+        return (group - 1) * result_bytes  # the operand is `group` times the result
+    if kind == "all-reduce":
+        return 2 * g * result_bytes
+    if kind == "all-to-all":
+        return g * result_bytes
+    return result_bytes  # collective-permute: the whole buffer
+
+
+def collective_bytes(hlo: str, n_devices: int) -> dict:
+    """Per-device bytes sent by each collective kind in one run of the module, with ops inside
+    while loops multiplied by their known trip count; also the dtypes they move."""
+    ops, calls, current = {}, {}, None
+    for line in hlo.splitlines():
+        if m := _COMPUTATION.match(line.strip()) if not line.startswith(" ") else None:
+            current = m.group(1)
+            ops[current], calls[current] = [], []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        if current is None:
+            continue
+        if m := _OP.search(line):
+            nbytes, dtype = _shape_bytes(m.group(1))
+            if m.group(3):  # async "-start": the result tuple holds the operand and the result
+                nbytes //= 2 if m.group(2) != "reduce-scatter" else 1
+            ops[current].append((m.group(2), _sent_bytes(m.group(2), nbytes, _group_size(line, n_devices)), dtype))
+        trip = int(t.group(1)) if (t := _TRIP.search(line)) else 1
+        for callee in _CALLS.findall(line):
+            calls[current].append((callee, trip if f"body=%{callee}" in line or f"body={callee}" in line else 1))
+        for group in _BRANCHES.findall(line):
+            calls[current] += [(c.strip().lstrip("%"), 1) for c in group.split(",") if c.strip()]
+    totals = {kind: 0.0 for kind in COLLECTIVES}
+    counts = {kind: 0 for kind in COLLECTIVES}
+    dtypes: dict[str, str] = {}
+
+    def visit(name: str, times: int):
+        for kind, sent, dtype in ops.get(name, []):
+            totals[kind] += sent * times
+            counts[kind] += times
+            dtypes.setdefault(kind, dtype)
+        for callee, trip in calls.get(name, []):
+            visit(callee, times * trip)
+
+    visit(entry, 1)
+    return {"bytes": totals, "counts": counts, "dtypes": dtypes}
+
+
+def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,
+                      reshard_after_forward: bool = True, gathered_once: float = 0) -> float:
+    """DESIGN §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N).
+
+    `gathered_once`: parameters that stage 3 gathers once instead of twice (zerojax's outer
+    unit: its backward follows its forward directly, and the embedding's gradient needs no
+    weights); 0 gives DESIGN's formula."""
+    g = (n - 1) / n
+    if stage == 0:
+        return 2 * g * params * b_reduce
+    if stage in (1, 2) or not reshard_after_forward:
+        return g * params * (b_reduce + b_gather)
+    return g * params * (2 * b_gather + b_reduce) - g * gathered_once * b_gather

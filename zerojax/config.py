@@ -91,7 +91,7 @@ class MeshConfig:
 @dataclass(frozen=True, kw_only=True)
 class ZeroConfig:
     stage: int = 3  # ZeRO stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters
-    schedule: str = "gspmd"  # gspmd (sharding annotations) | shard_map (explicit unit schedule: not yet)
+    schedule: str = "shard_map"  # shard_map (explicit FSDP unit schedule) | gspmd (annotations only)
     reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
     prefetch: int = 1  # units gathered ahead of the one computing
     min_shard_size: int = 1024  # leaves with fewer elements stay replicated
