@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -100,27 +101,27 @@ def stage_report(setup, compiled, params: int) -> dict:
 
 
 def regime(setup) -> dict:
-    """Weight bytes a block gathers vs the activation bytes a block sees, per device.
+    """Which bytes a block should move: its weights (ZeRO-3) or its activations.
 
-    ZeRO-3 moves a block's weights to every device; a tensor-parallel style schedule (which
-    GSPMD may pick on its own) moves activations instead. When the activations per device are
-    much smaller than the weights (few tokens per device) moving activations sends less."""
+    Per block and step, ZeRO-3 sends about 3 x its weights (two gathers and a reduce-scatter).
+    Moving activations instead (tensor-parallel style, which GSPMD may pick on its own) sends
+    about 3 passes x 4 matmul inputs x the data group's tokens x d_model. With few tokens per
+    device the second is smaller, and ZeRO-3 is the wrong schedule for that shape."""
     cfg, n_dev = setup.cfg, setup.mesh.devices.size
     block = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(setup.plan.leaves["blocks"]))
     tokens = cfg.train.global_batch // cfg.train.grad_accum * cfg.model.seq_len // n_dev
-    weight_bytes = block * setup.policy.gather.itemsize
-    activation_bytes = tokens * cfg.model.d_model * setup.policy.compute.itemsize
-    weights_dominate = weight_bytes > 4 * activation_bytes
+    weight_bytes = 3 * block * setup.policy.gather.itemsize
+    activation_bytes = 3 * 4 * setup.mesh.shape["data"] * tokens * cfg.model.d_model * setup.policy.compute.itemsize
+    moving_weights = weight_bytes <= activation_bytes
     return {"unit_weight_bytes": weight_bytes, "unit_activation_bytes": activation_bytes,
             "tokens_per_device": tokens,
-            "regime": "activation-moving" if weights_dominate else "weight-gathering",
-            "advice": ("few tokens per device: a block's weights outweigh its activations "
-                       f"{weight_bytes / activation_bytes:.0f}x; moving activations (tensor parallelism, "
-                       "or GSPMD's own choice with zero.schedule=gspmd) would send less than ZeRO-3; "
-                       "raise train.global_batch or use fewer devices on the data axis")
-            if weights_dominate else
-            ("ZeRO-3 / FSDP is the right schedule: a block's weights per device "
-             f"({weight_bytes:,} B) are within 4x of its activations ({activation_bytes:,} B)")}
+            "regime": "weight-gathering" if moving_weights else "activation-moving",
+            "advice": (f"ZeRO-3 / FSDP is the right schedule: a block's weights ({weight_bytes:,} B per step) "
+                       f"move fewer bytes than its activations would ({activation_bytes:,} B)")
+            if moving_weights else
+            (f"few tokens per device ({tokens}): moving a block's activations ({activation_bytes:,} B per step) "
+             f"sends less than gathering its weights ({weight_bytes:,} B); tensor parallelism (or GSPMD's own "
+             "choice, zero.schedule=gspmd) fits this shape better, or raise train.global_batch")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,43 +174,81 @@ def _sent_bytes(kind: str, result_bytes: int, group: int) -> float:
     return result_bytes  # collective-permute: the whole buffer
 
 
-def collective_bytes(hlo: str, n_devices: int) -> dict:
-    """Per-device bytes sent by each collective kind in one run of the module, with ops inside
-    while loops multiplied by their known trip count; also the dtypes they move."""
-    ops, calls, current = {}, {}, None
+@dataclass
+class Hlo:
+    """The parts of an optimized HLO module that accounting needs."""
+
+    entry: str = ""
+    ops: dict = field(default_factory=dict)  # computation -> [(kind, bytes sent, dtype)]
+    calls: dict = field(default_factory=dict)  # computation -> [(callee, times, is_loop_body)]
+    loop_results: list = field(default_factory=list)  # result shape text of every while loop
+
+
+def parse_hlo(hlo: str, n_devices: int) -> Hlo:
+    out, current = Hlo(), None
     for line in hlo.splitlines():
-        if m := _COMPUTATION.match(line.strip()) if not line.startswith(" ") else None:
+        if not line.startswith(" ") and (m := _COMPUTATION.match(line.strip())):
             current = m.group(1)
-            ops[current], calls[current] = [], []
-            if line.startswith("ENTRY"):
-                entry = current
+            out.ops[current], out.calls[current] = [], []
+            out.entry = current if line.startswith("ENTRY") else out.entry
             continue
         if current is None:
             continue
         if m := _OP.search(line):
             nbytes, dtype = _shape_bytes(m.group(1))
-            if m.group(3):  # async "-start": the result tuple holds the operand and the result
-                nbytes //= 2 if m.group(2) != "reduce-scatter" else 1
-            ops[current].append((m.group(2), _sent_bytes(m.group(2), nbytes, _group_size(line, n_devices)), dtype))
+            if m.group(3) and m.group(2) != "reduce-scatter":  # async start: (operand, result)
+                nbytes //= 2
+            out.ops[current].append((m.group(2), _sent_bytes(m.group(2), nbytes, _group_size(line, n_devices)), dtype))
         trip = int(t.group(1)) if (t := _TRIP.search(line)) else 1
+        if " while(" in line:
+            out.loop_results.append(line.split("=", 1)[1].split(" while(")[0])
         for callee in _CALLS.findall(line):
-            calls[current].append((callee, trip if f"body=%{callee}" in line or f"body={callee}" in line else 1))
+            body = bool(re.search(rf"body=%?{re.escape(callee)}\b", line))
+            out.calls[current].append((callee, trip if body else 1, body))
         for group in _BRANCHES.findall(line):
-            calls[current] += [(c.strip().lstrip("%"), 1) for c in group.split(",") if c.strip()]
+            out.calls[current] += [(c.strip().lstrip("%"), 1, False) for c in group.split(",") if c.strip()]
+    return out
+
+
+def _walk(hlo: Hlo, name: str, times: int, visit, inside_loop: bool = False):
+    for kind, sent, dtype in hlo.ops.get(name, []):
+        visit(kind, sent, dtype, times, inside_loop)
+    for callee, trip, body in hlo.calls.get(name, []):
+        _walk(hlo, callee, times * trip, visit, inside_loop or body)
+
+
+def collective_bytes(hlo_text: str, n_devices: int) -> dict:
+    """Per-device bytes sent by each collective kind in one run of the module, with ops inside
+    while loops multiplied by their known trip count; their counts (in and outside loops) and
+    the dtypes they move."""
+    hlo = parse_hlo(hlo_text, n_devices)
     totals = {kind: 0.0 for kind in COLLECTIVES}
     counts = {kind: 0 for kind in COLLECTIVES}
+    outside = {kind: 0 for kind in COLLECTIVES}
     dtypes: dict[str, str] = {}
 
-    def visit(name: str, times: int):
-        for kind, sent, dtype in ops.get(name, []):
-            totals[kind] += sent * times
-            counts[kind] += times
-            dtypes.setdefault(kind, dtype)
-        for callee, trip in calls.get(name, []):
-            visit(callee, times * trip)
+    def visit(kind, sent, dtype, times, inside_loop):
+        totals[kind] += sent * times
+        counts[kind] += times
+        outside[kind] += 0 if inside_loop else times
+        dtypes.setdefault(kind, dtype)
 
-    visit(entry, 1)
-    return {"bytes": totals, "counts": counts, "dtypes": dtypes}
+    _walk(hlo, hlo.entry, 1, visit)
+    return {"bytes": totals, "counts": counts, "outside_loops": outside, "dtypes": dtypes}
+
+
+def loop_collectives(hlo_text: str, n_devices: int) -> list[dict]:
+    """For each while loop: its trip count and the collectives one iteration issues."""
+    hlo = parse_hlo(hlo_text, n_devices)
+    loops = []
+    for caller, callees in hlo.calls.items():
+        for callee, trip, body in callees:
+            if body:
+                per_iteration = {kind: 0 for kind in COLLECTIVES}
+                _walk(hlo, callee, 1, lambda kind, sent, dtype, times, _: per_iteration.__setitem__(
+                    kind, per_iteration[kind] + times))
+                loops.append({"body": callee, "trip_count": trip, "per_iteration": per_iteration})
+    return loops
 
 
 def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,

@@ -90,14 +90,29 @@ def formats_tables(doc: dict):
 
 
 def analyze_table(doc: dict):
-    table = Table(title=f"Compiled train step per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
-                        f"(N = {doc['devices']} on data)")
-    for column in ("stage", "schedule", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"):
-        table.add_column(column, justify="left" if column in ("stage", "schedule") else "right", no_wrap=True)
+    mem = Table(title=f"Compiled train step, per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
+                      f"(N = {doc['devices']} on data), schedule {doc['schedule']}")
+    for column in ("stage", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"):
+        mem.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
     for stage, m in doc["stages"].items():
-        table.add_row(stage, m["schedule"], human_bytes(m["argument_bytes"]), human_bytes(m["formula_bytes"]),
-                      f"{m['argument_bytes'] / m['formula_bytes']:.2f}", human_bytes(m["temp_bytes"]),
-                      human_bytes(m["output_bytes"]), human_bytes(m["unsharded_bytes"]))
-    yield table
-    yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, "
-           "and the batch), from XLA's memory_analysis(); formula: DESIGN §2 with 2-byte params/grads, K = 12.")
+        mem.add_row(stage, human_bytes(m["argument_bytes"]), human_bytes(m["formula_bytes"]),
+                    f"{m['argument_bytes'] / m['formula_bytes']:.2f}", human_bytes(m["temp_bytes"]),
+                    human_bytes(m["output_bytes"]), human_bytes(m["unsharded_bytes"]))
+    yield mem
+    comm = Table(title="Bytes each device sends per step (ring volumes, from the optimized HLO)")
+    for column in ("stage", "all-gather", "reduce-scatter", "all-reduce", "total", "DESIGN §2", "measured/theory", ""):
+        comm.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    top = max(m["comm_bytes"] for m in doc["stages"].values()) or 1
+    for stage, m in doc["stages"].items():
+        c, dtypes = m["comm"], m["comm_dtypes"]
+        cell = lambda kind: f"{human_bytes(c[kind])} {dtypes.get(kind, '')}".strip() if c[kind] else "-"
+        comm.add_row(stage, cell("all-gather"), cell("reduce-scatter"), cell("all-reduce"),
+                     human_bytes(m["comm_bytes"]), human_bytes(m["comm_theory_bytes"]),
+                     f"{m['comm_bytes'] / m['comm_theory_bytes']:.3f}" if m["comm_theory_bytes"] else "-",
+                     Text("█" * max(1, round(BAR_WIDTH * m["comm_bytes"] / top)), style="cyan"))
+    yield comm
+    r = doc["regime"]
+    yield f"regime: {r['regime']} ({r['tokens_per_device']} tokens per device). {r['advice']}"
+    yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, and "
+           "the batch), from XLA's memory_analysis(); formula: DESIGN §2 with 2-byte params/grads, K = 12. "
+           "Collective bytes are counted in the dtype XLA moves (the CPU backend moves bf16 as f32).")
