@@ -59,3 +59,11 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, 
 def test_module_and_console_script_agree():
     assert (ROOT / "zerojax" / "__main__.py").is_file()
     assert cli.build_parser().prog == "zerojax"
+
+
+def test_gpu_xla_preset_only_when_asked(tiny_overrides, tmp_path):
+    assert cli.main is not None and "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # import sets nothing
+    proc = zerojax("train", "--no-progress", "--xla-preset", "gpu", *tiny_overrides, cwd=tmp_path)
+    # the flags are known to this jaxlib's XLA (an unknown flag aborts the process at start-up)
+    assert proc.returncode == 0, proc.stderr
+    assert "XLA preset gpu: --xla_gpu_enable_latency_hiding_scheduler=true" in proc.stderr

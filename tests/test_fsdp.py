@@ -45,6 +45,8 @@ def test_bytes_sent_match_the_theory(shape):
         assert m["comm_bytes"] <= 1.02 * m["comm_theory_bytes"], (name, m)
         assert m["comm_bytes"] >= 0.97 * m["comm_theory_bytes"], (name, m)
         assert m["argument_bytes"] <= m["formula_bytes"]
+    estimate = sum(stages["3"]["transient_estimate"].values())  # the printed breakdown, roughly right
+    assert 0.5 <= estimate / stages["3"]["temp_bytes"] <= 2, (stages["3"]["transient_estimate"], stages["3"]["temp_bytes"])
     assert stages["0"]["comm"]["all-gather"] == 0 and stages["0"]["comm"]["reduce-scatter"] == 0
     assert stages["2"]["comm"]["reduce-scatter"] > 0 and stages["3"]["comm"]["all-reduce"] < 0.01 * stages["3"]["comm_bytes"]
 
@@ -123,3 +125,14 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     comm = accounting.collective_bytes(hlo, 8)
     assert comm["counts"]["all-gather"] == 5 and comm["bytes"]["all-gather"] == 5 * 7 / 8 * 128
     assert comm["outside_loops"]["all-gather"] == 0
+
+
+def test_largest_model_that_fits_a_budget():
+    cfg = config.load(overrides=TINY + ["train.global_batch=16"])
+    budget_gb = 0.0025
+    doc = accounting.analyze(cfg, (0, 3), budget_gb=budget_gb)
+    fits = doc["fits"]["stages"]
+    assert fits["0"] is not None and fits["3"] is not None
+    for f in fits.values():
+        assert f["peak_bytes"] <= budget_gb * 1e9
+    assert fits["3"]["params"] > fits["0"]["params"]  # sharding everything fits a bigger model

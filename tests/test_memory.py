@@ -56,3 +56,11 @@ def test_cli_bad_input_exits_2(args, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+
+
+def test_flops_per_token_bounds():
+    # PaLM appendix B: 6N + 12·L·T·D. GPT-2 small at T=1024: the attention term adds about 15%.
+    n, layers, t, d = 124_475_904, 12, 1024, 768
+    f = accounting.flops_per_token(n, layers, t, d)
+    assert f == 6 * n + 12 * layers * t * d
+    assert 6 * n < f < 1.2 * 6 * n

@@ -64,8 +64,9 @@ def measure_memory(compiled) -> dict:
             "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes)}
 
 
-def analyze(cfg, stages_wanted=STAGES) -> dict:
-    """The `zerojax analyze --json` document: per stage, measured bytes next to the formulas."""
+def analyze(cfg, stages_wanted=STAGES, budget_gb: float | None = None) -> dict:
+    """The `zerojax analyze --json` document: per stage, measured bytes next to the formulas,
+    and with a budget the largest scaling of the model that fits per device."""
     import dataclasses
 
     params, stages, setup = count_params(cfg), {}, None
@@ -73,8 +74,13 @@ def analyze(cfg, stages_wanted=STAGES) -> dict:
         staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
         setup, compiled = compile_step(staged)
         stages[str(stage)] = stage_report(setup, compiled, params)
-    return {"params": params, "devices": setup.mesh.shape["data"], "mesh": dict(setup.mesh.shape),
-            "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages}
+        stages[str(stage)]["peak_bytes"] = peak_bytes(stages[str(stage)])
+    doc = {"params": params, "devices": setup.mesh.shape["data"], "mesh": dict(setup.mesh.shape),
+           "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages}
+    if budget_gb is not None:
+        doc["fits"] = {"budget_bytes": budget_gb * 1e9,
+                       "stages": {str(s): largest_fitting(cfg, s, budget_gb * 1e9) for s in stages_wanted}}
+    return doc
 
 
 def stage_report(setup, compiled, params: int) -> dict:
@@ -97,6 +103,25 @@ def stage_report(setup, compiled, params: int) -> dict:
         "comm_schedule_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward,
                                                         gathered_once=outer if explicit else 0),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
+        **({"transient_estimate": transient_estimate(setup, b_g, b_r)} if stage == 3 and explicit else {}),
+    }
+
+
+def transient_estimate(setup, b_gather: int, b_reduce: int) -> dict:
+    """Stage 3 under the explicit schedule: what its temporaries should be made of, per device,
+    from the shapes (an estimate to read next to XLA's measured temp_bytes)."""
+    cfg, m, plan = setup.cfg, setup.cfg.model, setup.plan
+    n_dev, b_c = setup.mesh.devices.size, setup.policy.compute.itemsize
+    rows = cfg.train.global_batch // cfg.train.grad_accum // n_dev
+    tokens = rows * m.seq_len
+    unit = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(plan.leaves["blocks"]))
+    outer = sum(math.prod(leaf.shape) for u in ("embed", "head") for leaf in jax.tree.leaves(plan.leaves[u]))
+    block_work = 4 * (2 * rows * m.n_heads * m.seq_len**2 + 2 * tokens * m.d_ff + 6 * tokens * m.d_model)
+    return {
+        "activations": m.n_layers * tokens * m.d_model * b_c + block_work + 2 * tokens * m.vocab_size * 4,
+        "gathered_units": ((1 + cfg.zero.prefetch) * unit + outer) * b_gather,
+        "unit_gradient": 2 * unit * b_reduce,  # the block's gradient and its flat layout
+        "optimizer": 3 * 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(plan.leaves)) // plan.data_size,
     }
 
 
@@ -264,3 +289,42 @@ def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_redu
     if stage in (1, 2) or not reshard_after_forward:
         return g * params * (b_reduce + b_gather)
     return g * params * (2 * b_gather + b_reduce) - g * gathered_once * b_gather
+
+
+def peak_bytes(memory: dict) -> int:
+    """Per-device peak of a compiled step: what it reads, makes and returns (donated buffers once)."""
+    return memory["argument_bytes"] + memory["temp_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+
+
+def scaled(cfg, factor: float):
+    """`cfg` with depth and width both multiplied by `factor` (widths rounded to 8 x heads)."""
+    import dataclasses
+
+    m, quantum = cfg.model, 8 * cfg.model.n_heads
+    d_model = max(quantum, round(m.d_model * factor / quantum) * quantum)
+    model = dataclasses.replace(m, d_model=d_model, d_ff=max(8, round(m.d_ff * d_model / m.d_model)),
+                                n_layers=max(1, round(m.n_layers * factor)))
+    return dataclasses.replace(cfg, model=model)
+
+
+def largest_fitting(cfg, stage: int, budget_bytes: float, max_steps: int = 12) -> dict | None:
+    """The largest depth x width scaling of `cfg` whose compiled step's peak fits `budget_bytes`
+    per device under `stage`: factors 2^(k/3) (about 2x the parameters per step), compile only."""
+    import dataclasses
+
+    best = None
+    for k in range(max_steps):
+        trial = scaled(dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage)), 2 ** (k / 3))
+        _, compiled = compile_step(trial)
+        peak = peak_bytes(measure_memory(compiled))
+        if peak > budget_bytes:
+            break
+        best = {"scale": round(2 ** (k / 3), 3), "d_model": trial.model.d_model, "d_ff": trial.model.d_ff,
+                "n_layers": trial.model.n_layers, "params": count_params(trial), "peak_bytes": peak}
+    return best
+
+
+def flops_per_token(params: float, n_layers: int, seq_len: int, d_model: int) -> float:
+    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's
+    12·L·T·D (PaLM, Chowdhery et al. 2022, appendix B). Recomputation is not counted (MFU)."""
+    return 6 * params + 12 * n_layers * seq_len * d_model

@@ -29,6 +29,7 @@ def build_parser() -> Parser:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="override a config field by dotted name, e.g. zero.stage=1 train.steps=50")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
 
     memory = sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device")
     memory.add_argument("--params", type=parse_count, help="parameters Ψ (7.5e9, 124M, 3B)")
@@ -42,6 +43,10 @@ def build_parser() -> Parser:
     analyze.add_argument("--config", help="YAML config file (see configs/)")
     analyze.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     analyze.add_argument("--stages", type=stage_list, default=(0, 1, 2, 3), help="e.g. 0,3 (default 0,1,2,3)")
+    analyze.add_argument("--schedule", choices=["shard_map", "gspmd"], help="same as zero.schedule=...")
+    analyze.add_argument("--budget-gb", type=parse_count, help="also find the largest depth x width scaling "
+                         "of the model whose compiled peak fits this many GB per device")
+    analyze.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
     analyze.add_argument("--json", action="store_true", help="print one JSON document")
 
     formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
@@ -86,9 +91,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def xla_preset(args) -> None:
+    if getattr(args, "xla_preset", None):
+        from zerojax.mesh import apply_xla_preset
+
+        print(f"zerojax: XLA preset {args.xla_preset}: {apply_xla_preset(args.xla_preset)}", file=sys.stderr)
+
+
 def cmd_train(args) -> int:
     from zerojax import config, train
 
+    xla_preset(args)
     try:
         cfg = config.load(args.config, args.overrides)
         setup = train.prepare(cfg)
@@ -132,12 +145,14 @@ def cmd_memory(args) -> int:
 def cmd_analyze(args) -> int:
     from zerojax import accounting, config, report, train
 
+    xla_preset(args)
+    overrides = args.overrides + ([f"zero.schedule={args.schedule}"] if args.schedule else [])
     try:
-        cfg = config.load(args.config, args.overrides)
+        cfg = config.load(args.config, overrides)
         train.prepare(cfg)  # bad input surfaces here, before any compilation
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
-    report.emit(accounting.analyze(cfg, args.stages), args.json, report.analyze_table)
+    report.emit(accounting.analyze(cfg, args.stages, args.budget_gb), args.json, report.analyze_table)
     return 0
 
 

@@ -111,6 +111,21 @@ def analyze_table(doc: dict):
                      f"{m['comm_bytes'] / m['comm_theory_bytes']:.3f}" if m["comm_theory_bytes"] else "-",
                      Text("█" * max(1, round(BAR_WIDTH * m["comm_bytes"] / top)), style="cyan"))
     yield comm
+    if "3" in doc["stages"] and "transient_estimate" in doc["stages"]["3"]:
+        est = doc["stages"]["3"]["transient_estimate"]
+        parts = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in est.items())
+        yield (f"stage 3 temporaries: measured {human_bytes(doc['stages']['3']['temp_bytes'])}; "
+               f"estimated from shapes: {parts} (sum {human_bytes(sum(est.values()))})")
+    if "fits" in doc:
+        fits = Table(title=f"Largest depth x width scaling whose compiled peak fits "
+                           f"{human_bytes(doc['fits']['budget_bytes'])} per device")
+        for column in ("stage", "scale", "d_model", "d_ff", "layers", "params", "peak"):
+            fits.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+        for stage, f in doc["fits"]["stages"].items():
+            fits.add_row(stage, *(("-",) * 6 if f is None else (
+                f"{f['scale']:g}x", str(f["d_model"]), str(f["d_ff"]), str(f["n_layers"]),
+                f"{f['params']:,}", human_bytes(f["peak_bytes"]))))
+        yield fits
     r = doc["regime"]
     yield f"regime: {r['regime']} ({r['tokens_per_device']} tokens per device). {r['advice']}"
     yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, and "
