@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def tiny_overrides(tmp_path):
-    """A model and run small enough to compile and train in seconds."""
+    """A model and run small enough to compile and train in seconds (no checkpoints, so two
+    runs into the same directory start afresh instead of resuming)."""
     return [
         "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64",
         "model.seq_len=16", "train.global_batch=16", "train.steps=5", "train.log_every=1",
-        "train.eval_every=0", f"train.out_dir={tmp_path / 'run'}",
+        "train.eval_every=0", "train.ckpt_every=0", f"train.out_dir={tmp_path / 'run'}",
     ]

@@ -16,11 +16,12 @@ def zerojax(*args, cwd):
 
 
 def test_train_writes_the_run_directory(tiny_overrides, tmp_path):
-    proc = zerojax("train", "--no-progress", *tiny_overrides, cwd=tmp_path)
+    proc = zerojax("train", "--no-progress", *tiny_overrides, "train.ckpt_every=100", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "8 cpu devices" in proc.stdout and "sample:" in proc.stdout
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl", "sample.txt"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "sample.txt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["5"]  # the end of the run
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 5
 
 

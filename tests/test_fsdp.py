@@ -6,7 +6,8 @@ import pytest
 from zerojax import accounting, config, train
 
 TINY = ["model.d_model=32", "model.n_layers=3", "model.n_heads=2", "model.d_ff=64", "model.seq_len=16",
-        "train.global_batch=32", "train.steps=4", "train.log_every=1", "train.eval_every=0", "zero.min_shard_size=64"]
+        "train.global_batch=32", "train.steps=4", "train.log_every=1", "train.eval_every=0", "zero.min_shard_size=64",
+        "train.ckpt_every=0"]
 # The 3.3M-parameter shape of the issue: the weight-gathering regime, bf16 compute, remat.
 SHAPE_3M = ["model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.d_ff=1024", "model.seq_len=128",
             "train.global_batch=32", "precision.compute=bf16", "model.remat=full"]

@@ -28,7 +28,7 @@ def reference(tmp_path_factory):
 
 
 TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64", "model.seq_len=16",
-        "train.steps=5", "train.log_every=1", "train.eval_every=0"]
+        "train.steps=5", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
 
 
 @pytest.mark.parametrize("extra", [

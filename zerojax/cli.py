@@ -49,6 +49,13 @@ def build_parser() -> Parser:
     analyze.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
     analyze.add_argument("--json", action="store_true", help="print one JSON document")
 
+    export = sub.add_parser("export", help="one safetensors file of a run's (sharded) checkpoint")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--out", required=True, help="FILE.safetensors")
+    export.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    export.add_argument("--json", action="store_true", help="print one JSON document")
+
     formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
     formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
     formats.add_argument("--table", action="store_true", help="range and precision of each format")
@@ -109,7 +116,14 @@ def cmd_train(args) -> int:
         raise UsageError(str(err)) from None
     print(f"zerojax: training {cfg.name}: {setup.mesh.devices.size} {setup.mesh.devices.flat[0].platform} "
           f"devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, compute {setup.policy.compute.name}")
+    if setup.resume_step:
+        print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)
+    if result["stopped"]:
+        print(f"zerojax: stopped by {result['stopped']['signal']} after step {result['stopped']['step']}; "
+              f"checkpoint saved in {cfg.run_dir}/checkpoints/{result['stopped']['step']}; rerun the same command "
+              "to continue")
+        return 0
     last = result["history"][-1] if result["history"] else {}
     summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("loss", "eval_loss") if k in last)
     print(f"zerojax: done: {summary}; run directory {result['run_dir']}")
@@ -156,6 +170,25 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    import json
+    from pathlib import Path
+
+    from zerojax import checkpoint
+
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise UsageError(f"--out {args.out!r} must end in .safetensors")
+    try:
+        done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(json.dumps(done) if args.json else
+          f"zerojax: wrote {done['out']}: {done['tensors']} tensors, {done['params']:,} parameters "
+          f"({args.dtype}) from step {done['step']}")
+    return 0
+
+
 def cmd_formats(args) -> int:
     from zerojax import formats, report
 
@@ -171,7 +204,8 @@ def cmd_formats(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "memory": cmd_memory, "analyze": cmd_analyze, "formats": cmd_formats}
+COMMANDS = {"train": cmd_train, "memory": cmd_memory, "analyze": cmd_analyze, "export": cmd_export,
+            "formats": cmd_formats}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,7 +166,7 @@ class TrainConfig:
     eval_every: int = 100  # steps between eval losses (and at the end); 0 = off
     eval_batches: int = 8  # global batches of held-out data per eval
     out_dir: str = ""  # run directory; empty = runs/<config name>
-    ckpt_every: int = 0  # steps between checkpoints; 0 = off (checkpoints not implemented yet)
+    ckpt_every: int = 100  # steps between checkpoints (and one at the end); 0 = no checkpoints
     keep: int = 3  # checkpoints kept
     resume: str = "auto"  # auto: continue from the newest checkpoint | never
 

@@ -162,6 +162,7 @@ class Schedule:
     policy: Policy
     plan: Plan
     units: dict  # graphdefs: embed, block (one layer), head
+    loss_fn: Callable  # (logits, targets) -> mean loss
     prefetch: int
     reshard_after_forward: bool
     n_devices: int  # replica x data: each device's loss is 1/n of the global mean
@@ -178,10 +179,8 @@ class Schedule:
         return nnx.merge(self.units["embed"], outer_w["embed"])(tokens_BT)
 
     def head_loss(self, outer_w, x_BTD, targets_BT):
-        from zerojax.models import cross_entropy
-
         embed = nnx.merge(self.units["embed"], outer_w["embed"])
-        return cross_entropy(nnx.merge(self.units["head"], outer_w["head"])(x_BTD, embed), targets_BT)
+        return self.loss_fn(nnx.merge(self.units["head"], outer_w["head"])(x_BTD, embed), targets_BT)
 
     def local_grads(self, weights, batch_BS, scale):
         """Loss and gradient of one microbatch on this device.
@@ -238,12 +237,12 @@ class Schedule:
 
 
 
-def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: dict, *, grad_accum: int, prefetch: int,
-                        reshard_after_forward: bool):
+def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: dict, loss_fn: Callable, *, grad_accum: int,
+                        prefetch: int, reshard_after_forward: bool):
     """(master, batch, scale) -> (loss, fp32 gradient of scale x loss in the plan's grad layout),
     computed per device in `jax.shard_map` by the unit schedule of `plan.stage`."""
     n_devices = mesh.shape[REPLICA] * mesh.shape[DATA]
-    schedule = Schedule(plan.stage, policy, plan, units, prefetch, reshard_after_forward, n_devices)
+    schedule = Schedule(plan.stage, policy, plan, units, loss_fn, prefetch, reshard_after_forward, n_devices)
     outer_lay, _, stack_lay = schedule.layouts()
     outer_of = lambda tree: {k: tree[k] for k in OUTER}
 

@@ -12,14 +12,15 @@ def sample_text(setup, params, prompt: str = "def ", n_new: int = 200) -> str:
         prompt_ids = [int(t) for t in setup.corpus.val[:8]]
     else:
         prompt_ids = list(prompt.encode())
-    ids = generate(setup.view, params, prompt_ids, n_new, setup.cfg.model.seq_len, setup.cfg.train.seed)
+    ids = generate(setup.view, params, prompt_ids, n_new, setup.cfg.model.seq_len, setup.cfg.train.seed,
+                   vocab=setup.corpus.vocab_size)
     if setup.corpus.vocab_size != 256:
         return " ".join(map(str, ids))
     return bytes(ids).decode("utf-8", errors="replace")
 
 
 def generate(view, params, prompt_ids: list[int], n_new: int, seq_len: int, seed: int,
-             temperature: float = 0.8) -> list[int]:
+             temperature: float = 0.8, vocab: int | None = None) -> list[int]:
     """Sample `n_new` tokens after the prompt, re-running the last `seq_len` tokens each time.
 
     `view(params)` is the model seen through the compute view of the (sharded) master weights.
@@ -27,7 +28,7 @@ def generate(view, params, prompt_ids: list[int], n_new: int, seq_len: int, seed
 
     @jax.jit
     def next_token(params, window_1T, length, key):
-        logits_V = view(params)(window_1T)[0, length - 1]
+        logits_V = view(params)(window_1T)[0, length - 1][:vocab]  # only tokens the corpus has
         return jax.random.categorical(key, logits_V / temperature)
 
     ids, key = list(prompt_ids), jax.random.key(seed)
@@ -43,8 +44,8 @@ def generate(view, params, prompt_ids: list[int], n_new: int, seq_len: int, seed
 class Progress:
     """A rich progress bar with step, loss, eval loss and tokens/s (silent when disabled)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled
+    def __init__(self, total: int, enabled: bool, start: int = 0):
+        self.total, self.enabled, self.start = total, enabled, start
 
     def __enter__(self):
         if self.enabled:
@@ -53,7 +54,7 @@ class Progress:
                            TextColumn("loss {task.fields[loss]}  eval {task.fields[eval]}  {task.fields[tps]} tok/s"),
                            TimeRemainingColumn())
             self.bar.__enter__()
-            self.task = self.bar.add_task("train", total=self.total, loss="-", eval="-", tps="-")
+            self.task = self.bar.add_task("train", total=self.total, completed=self.start, loss="-", eval="-", tps="-")
         return self
 
     def update(self, step: int, line: dict | None = None):

@@ -169,19 +169,25 @@ def constrain(tree, mesh: Mesh, specs):
     return jax.lax.with_sharding_constraint(tree, named(mesh, specs))
 
 
-def state_specs(opt_state, plan: Plan, sharded: bool):
-    """Specs for an optax state: a leaf that ends in a parameter's path and has its stored shape
-    (Adam's mu and nu, whatever chain or mask wraps them) follows that parameter; the rest
-    (step counts, scalars) is replicated."""
+def map_like_params(tree, plan: Plan, fn, other=lambda x: x, stored: bool = True):
+    """Apply `fn(leaf_plan, x)` to the leaves of `tree` (an optax state, a checkpoint) that are
+    copies of a parameter: their path ends in the parameter's path and their shape is its
+    stored (padded) shape, or its true shape with `stored=False`. Adam's mu and nu qualify,
+    whatever chain or mask wraps them; `other(x)` maps the rest (step counts, scalars)."""
     by_path = {tuple(leaf.path.split("/")): leaf for leaf in jax.tree.leaves(plan.leaves)}
-    depth = {len(k) for k in by_path}
+    depths = {len(k) for k in by_path}
 
-    def spec(path, x):
+    def visit(path, x):
         names = tuple(path_name(path).split("/"))
-        for n in depth:
+        for n in depths:
             leaf = by_path.get(names[-n:])
-            if leaf is not None and tuple(x.shape) == leaf.stored:
-                return leaf.spec(sharded)
-        return P()
+            if leaf is not None and tuple(x.shape) == (leaf.stored if stored else leaf.shape):
+                return fn(leaf, x)
+        return other(x)
 
-    return jax.tree_util.tree_map_with_path(spec, opt_state)
+    return jax.tree_util.tree_map_with_path(visit, tree)
+
+
+def state_specs(opt_state, plan: Plan, sharded: bool):
+    """Specs for an optax state: copies of a parameter follow it; the rest is replicated."""
+    return map_like_params(opt_state, plan, lambda leaf, _: leaf.spec(sharded), lambda _: P())

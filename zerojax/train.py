@@ -14,8 +14,11 @@ the collectives are XLA's to place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -27,6 +30,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zerojax import checkpoint
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax import fsdp
@@ -65,6 +69,7 @@ class Setup:
     frozen: Any  # pytree of bools: leaves that get no gradient
     optimizer: optax.GradientTransformation
     scaler: LossScaler
+    resume_step: int = 0  # the checkpoint this run continues from (0: a fresh start)
 
     def view(self, master) -> GPT:
         """The model over the compute view of the master weights (for eval and sampling)."""
@@ -72,8 +77,6 @@ class Setup:
 
 
 NOT_YET = {  # config values whose feature has not landed yet: (is it asked for, what, the fix)
-    "train.ckpt_every": (lambda c: c.train.ckpt_every != 0, "checkpoints are", "use 0"),
-    "model.init_from": (lambda c: bool(c.model.init_from), "loading weights is", "leave it empty"),
     "precision.reduce": (lambda c: c.precision.reduce != "float32" and c.zero.schedule == "gspmd",
                          "choosing the reduce dtype under gspmd is", "use zero.schedule=shard_map"),
 }
@@ -116,7 +119,24 @@ def prepare(cfg: Config) -> Setup:
     plan = sharding_lib.make_plan(abstract, cfg.zero.stage, mesh.shape["data"], cfg.zero.min_shard_size,
                                   stacked=GPT.STACKED)
     return Setup(cfg, mesh, policy, corpus, graphdef, plan, units, frozen_mask(abstract, cfg.optim.freeze),
-                 make_optimizer(cfg.optim, cfg.train.steps), scaler)
+                 make_optimizer(cfg.optim, cfg.train.steps), scaler, resume_step(cfg))
+
+
+def resume_step(cfg: Config) -> int:
+    """The newest complete checkpoint to continue from (train.resume=auto), checked readable."""
+    steps = checkpoint.complete_steps(cfg.run_dir)
+    if cfg.train.resume == "never":
+        if steps or (cfg.run_dir / "metrics.jsonl").is_file():
+            raise ValueError(f"train.resume=never but {cfg.run_dir} already holds a run; use train.resume=auto "
+                             "to continue it, or another train.out_dir")
+        return 0
+    if not steps:
+        return 0
+    if steps[-1] > cfg.train.steps:
+        raise ValueError(f"{cfg.run_dir} has a checkpoint at step {steps[-1]}, past train.steps={cfg.train.steps}; "
+                         "raise train.steps or use another train.out_dir")
+    checkpoint.read_metadata(checkpoint.manager(cfg.run_dir, cfg.train.keep, create=False), steps[-1])
+    return steps[-1]
 
 
 def build_model(cfg: Config, policy: Policy) -> GPT:
@@ -139,17 +159,20 @@ def init_state(setup: Setup, *, abstract: bool = False) -> TrainState:
     With `abstract`, only the shapes and shardings (for compiling without allocating).
     """
 
-    def init() -> TrainState:
+    from_file = setup.cfg.model.init_from and not abstract
+    loaded = checkpoint.load_safetensors(setup.cfg.model.init_from, setup.plan) if from_file else None
+
+    def init(loaded) -> TrainState:
         params = nnx.to_pure_dict(nnx.state(build_model(setup.cfg, setup.policy), nnx.Param))
-        params = setup.plan.pad(params)
+        params = setup.plan.pad(params if loaded is None else loaded)
         zero = jnp.zeros((), jnp.int32)
         return TrainState(zero, params, setup.optimizer.init(params), zero, setup.scaler.init())
 
-    shardings = state_shardings(setup, jax.eval_shape(init))
+    shapes = jax.eval_shape(init, None)
+    shardings = state_shardings(setup, shapes)
     if abstract:
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            jax.eval_shape(init), shardings)
-    return jax.jit(init, out_shardings=shardings)()
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    return jax.jit(init, out_shardings=shardings)(loaded)
 
 
 def compute_params(setup: Setup, master):
@@ -212,7 +235,7 @@ def make_train_step(setup: Setup, abstract_state: TrainState | None = None):
     if setup.cfg.zero.schedule == "shard_map":
         z = setup.cfg.zero
         loss_and_grads = fsdp.make_loss_and_grads(
-            setup.mesh, setup.plan, setup.policy, setup.units, grad_accum=setup.cfg.train.grad_accum,
+            setup.mesh, setup.plan, setup.policy, setup.units, cross_entropy, grad_accum=setup.cfg.train.grad_accum,
             prefetch=z.prefetch, reshard_after_forward=z.reshard_after_forward)
     else:
         loss_and_grads = lambda master, batch, scale: accumulated_grads(setup, master, batch, scale)
@@ -264,23 +287,29 @@ def evaluate(setup: Setup, eval_step, params) -> float:
     return float(np.mean([float(x) for x in losses]))
 
 
-def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) -> dict:
-    """Train per `cfg`, writing the run directory; returns the metrics lines and the sample."""
+def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, stop_at: int | None = None) -> dict:
+    """Train per `cfg`, writing the run directory (and resuming from its newest checkpoint);
+    returns the metrics lines written by this call, the sample and the final state.
+    `stop_at`: behave as if SIGTERM arrived during that step (checkpoint and return)."""
     setup = setup or prepare(cfg)
-    state = init_state(setup)
-    first = global_batch(setup, setup.corpus.train, data_lib.TRAIN, 0)
-    train_step = make_train_step(setup).lower(state, first).compile()  # compile before timing
+    out, start = cfg.run_dir, setup.resume_step
+    abstract = init_state(setup, abstract=True)
+    ckpt = checkpoint.manager(out, cfg.train.keep) if cfg.train.ckpt_every or start else None
+    shardings = state_shardings(setup, abstract)
+    state = checkpoint.restore(ckpt, setup, start, abstract, shardings) if start else init_state(setup)
+    first = global_batch(setup, setup.corpus.train, data_lib.TRAIN, start)
+    train_step = make_train_step(setup, abstract).lower(state, first).compile()  # compile before timing
     eval_step = make_eval_step(setup)
 
-    out = cfg.run_dir
     out.mkdir(parents=True, exist_ok=True)
     config_lib.dump(cfg, out / "config.yaml")
-    history: list[dict] = []
+    history, saved_at, stopped = [], start, None
     tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
-    with (out / "metrics.jsonl").open("w") as log, Progress(cfg.train.steps, show_progress) as bar:
+    with open_metrics(out / "metrics.jsonl", start) as log, Progress(cfg.train.steps, show_progress, start) as bar, \
+            StopSignals() as signals:
         tick, since, pending = time.perf_counter(), 0, None
-        for i in range(cfg.train.steps):
-            batch = first if i == 0 else global_batch(setup, setup.corpus.train, data_lib.TRAIN, i)
+        for i in range(start, cfg.train.steps):
+            batch = first if i == start else global_batch(setup, setup.corpus.train, data_lib.TRAIN, i)
             state, metrics = train_step(state, batch)
             since += 1
             if pending is not None and int(pending) >= cfg.precision.max_skipped_steps:
@@ -301,9 +330,56 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
                 tick, since = time.perf_counter(), 0
             else:
                 bar.update(step)
-    sample = sample_text(setup, state.params)
-    (out / "sample.txt").write_text(sample)
-    return {"history": history, "sample": sample, "run_dir": str(out), "state": state}
+            signals.received = signals.received or ("stop_at" if step == stop_at else None)
+            if ckpt and (signals.received or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0)):
+                checkpoint.save(ckpt, setup, state, step)
+                saved_at = step
+            if signals.received:
+                stopped = {"signal": signals.received, "step": step}
+                break
+    if ckpt:
+        if stopped is None and saved_at != cfg.train.steps:
+            checkpoint.save(ckpt, setup, state, cfg.train.steps)
+        ckpt.wait_until_finished()  # never exit before the last save is complete
+        ckpt.close()
+    sample = sample_text(setup, state.params) if stopped is None else ""
+    if stopped is None:
+        (out / "sample.txt").write_text(sample)
+    return {"history": history, "sample": sample, "run_dir": str(out), "state": state, "stopped": stopped,
+            "resumed_from": start}
+
+
+@contextlib.contextmanager
+def open_metrics(path, resume_step: int):
+    """metrics.jsonl, continued after `resume_step` (later lines from an unfinished run dropped)."""
+    kept = []
+    if resume_step and path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+    path.write_text("".join(line + "\n" for line in kept))
+    with path.open("a") as f:
+        yield f
+
+
+class StopSignals:
+    """SIGTERM and SIGINT ask the loop to finish its step, checkpoint and return; a second
+    SIGINT aborts at once (KeyboardInterrupt)."""
+
+    received: str | None = None
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _metrics_line(step: int, metrics: dict, tokens_per_sec: float) -> dict:

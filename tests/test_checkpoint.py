@@ -1,0 +1,145 @@
+"""Checkpoints: resume on another mesh/stage/schedule, preemption, crashes, export."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from zerojax import checkpoint, cli, config, train
+
+# Padded on 8 and on 4 devices (vocab 300, d_model 36): restore must re-pad for the new size.
+BASE = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=2", "model.n_heads=2", "model.d_ff=72",
+        "model.seq_len=16", "train.global_batch=16", "train.log_every=1", "train.eval_every=0",
+        "zero.min_shard_size=64", "train.steps=12", "train.ckpt_every=3"]
+
+
+def run(out, *extra, stop_at=None):
+    cfg = config.load(overrides=BASE + [f"train.out_dir={out}", *extra])
+    return train.run(cfg, show_progress=False, stop_at=stop_at)
+
+
+def losses(out):
+    return np.array([json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    result = run(out, "zero.stage=3")
+    return losses(out), result["state"]
+
+
+@pytest.mark.parametrize("after", [
+    ["mesh.data=4", "zero.stage=1"],
+    ["mesh.replica=2", "mesh.data=4", "zero.stage=2"],
+    ["zero.stage=3", "zero.schedule=gspmd"],
+], ids=lambda a: " ".join(a))
+def test_resume_on_another_mesh_stage_or_schedule(after, uninterrupted, tmp_path):
+    first = run(tmp_path, "zero.stage=3", stop_at=6)
+    assert first["stopped"] == {"signal": "stop_at", "step": 6}
+    assert checkpoint.complete_steps(tmp_path) == [3, 6]
+    second = run(tmp_path, *after)
+    assert second["resumed_from"] == 6
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))  # continued: no step missing or twice
+    np.testing.assert_allclose(losses(tmp_path), uninterrupted[0], rtol=1e-5)  # fp32; sums reordered
+
+
+def test_same_mesh_resume_is_bit_identical(uninterrupted, tmp_path):
+    run(tmp_path, "zero.stage=3", stop_at=5)  # stopped between two periodic checkpoints
+    result = run(tmp_path, "zero.stage=3")
+    np.testing.assert_array_equal(losses(tmp_path), uninterrupted[0])
+    for a, b in zip(jax.tree.leaves(result["state"]), jax.tree.leaves(uninterrupted[1])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert checkpoint.complete_steps(tmp_path)[-1] == 12
+
+
+def test_export_has_true_shapes_and_the_models_logits(tmp_path):
+    result = run(tmp_path, "zero.stage=3", "train.steps=4")
+    out = tmp_path / "model.safetensors"
+    assert cli.main(["export", str(tmp_path), "--out", str(out)]) == 0
+    from safetensors.numpy import load_file
+
+    tensors = load_file(out)
+    setup = train.prepare(config.load(overrides=BASE + ["zero.stage=3", "train.steps=4", f"train.out_dir={tmp_path}"]))
+    assert tensors["embed/wte/embedding"].shape == (300, 36)  # stored padded as 304 rows on 8 devices
+    assert sum(x.size for x in tensors.values()) == sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves))
+    # a fresh single-device model with the exported weights computes the trained model's logits
+    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(setup.cfg, setup.policy)))[0]
+    params = {}
+    for name, value in tensors.items():
+        checkpoint._merge(params, name, value)
+    tokens = np.arange(32, dtype=np.int32).reshape(2, 16) % 256
+    fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0]))(tokens)
+    trained = jax.jit(lambda p: setup.view(p)(tokens))(result["state"].params)
+    np.testing.assert_allclose(np.asarray(fresh), np.asarray(trained), rtol=1e-5, atol=1e-5)
+    # and back: init_from starts a new run from exactly these weights (bf16 export rounds them)
+    start = train.init_state(train.prepare(config.load(
+        overrides=BASE + ["zero.stage=1", "mesh.data=4", f"model.init_from={out}", f"train.out_dir={tmp_path / 'ft'}"])))
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(np.asarray(checkpoint._get(start.params, name))[tuple(slice(0, s) for s in value.shape)], value)
+    assert cli.main(["export", str(tmp_path), "--out", str(tmp_path / "half.safetensors"), "--dtype", "bfloat16"]) == 0
+    assert (tmp_path / "half.safetensors").stat().st_size < 0.55 * out.stat().st_size
+
+
+def test_not_a_checkpoint_exits_2(tmp_path, capsys):
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "3" / "junk").write_text("not orbax")
+    assert cli.main(["train", *BASE, f"train.out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: checkpoint") and "/checkpoints/3" in err and err.count("\n") == 1
+    assert cli.main(["export", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "holds no checkpoints/ directory" in capsys.readouterr().err
+    assert cli.main(["train", *BASE, f"train.out_dir={tmp_path}", "train.resume=never"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def start(out, *extra):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    args = [sys.executable, "-m", "zerojax", "train", "--no-progress", *BASE, "train.steps=24", "train.ckpt_every=2",
+            f"train.out_dir={out}", *extra]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(proc, out, step, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if step in checkpoint.complete_steps(out):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint {step} in time: {proc.poll()} {proc.stderr.read() if proc.poll() else ''}")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_ends_where_an_unkilled_run_ends(tmp_path):
+    reference = start(tmp_path / "ref")
+    assert reference.wait(timeout=300) == 0
+    victim = start(tmp_path / "run")
+    wait_for_checkpoint(victim, tmp_path / "run", 4)
+    victim.send_signal(signal.SIGKILL)  # possibly mid-save
+    victim.wait(timeout=60)
+    again = start(tmp_path / "run")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert "resuming from the checkpoint at step" in out
+    np.testing.assert_array_equal(losses(tmp_path / "run"), losses(tmp_path / "ref"))
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_last_step_and_exits_0(tmp_path):
+    proc = start(tmp_path)
+    wait_for_checkpoint(proc, tmp_path, 4)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    assert f"stopped by SIGTERM after step {last}" in out and last < 24
+    assert checkpoint.complete_steps(tmp_path)[-1] == last

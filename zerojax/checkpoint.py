@@ -1,0 +1,205 @@
+"""Orbax checkpoints of the sharded train state: save, resume, reshard on restore, export.
+
+What is saved is the state without padding (fp32 master weights and Adam moments in their true
+shapes, the step, the loss-scale state) plus JSON metadata (resolved config, parameter shapes,
+zerojax version). Each device writes its own shards (a leaf whose true shape does not divide
+the data axis is written replicated). Restoring builds the abstract state of the *current*
+run's plan (mesh, stage, schedule may all differ) and lets orbax read every array straight
+into its new sharding; padding for the new data size is applied afterwards. There is no RNG
+state to save: batches depend only on (seed, step) and the model has no dropout.
+
+The run loop in `train.py` calls this module (which imports nothing from `train.py`).
+
+Orbax writes a step into a temporary directory and renames it when complete, so a run killed
+mid-save leaves no half checkpoint that could be mistaken for a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import zerojax
+from zerojax import config as config_lib
+from zerojax import sharding as sharding_lib
+
+
+def manager(run_dir: Path, keep: int, create: bool = True) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=create,
+                                           cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints", options=options)
+
+
+def _savable_spec(leaf: sharding_lib.LeafPlan, sharded: bool) -> P:
+    """The leaf's spec for its true shape; replicated if that shape does not divide evenly."""
+    spec = leaf.spec(sharded)
+    return spec if leaf.dim is None or not leaf.padded else P()
+
+
+def saved_state(setup, state) -> dict:
+    """The state as saved: padding sliced off, each leaf in a layout its true shape allows."""
+    plan, sharded = setup.plan, setup.plan.layout.master
+
+    def view(state):
+        unpad = lambda leaf, x: x[tuple(slice(0, t) for t in leaf.shape)]
+        return {"step": state.step, "params": plan.unpad(state.params), "skipped": state.skipped,
+                "opt_state": sharding_lib.map_like_params(state.opt_state, plan, unpad),
+                "loss_scale": state.loss_scale}
+
+    abstract = jax.eval_shape(view, state)
+    specs = {"step": P(), "skipped": P(), "loss_scale": jax.tree.map(lambda _: P(), abstract["loss_scale"]),
+             "params": jax.tree.map(lambda leaf: _savable_spec(leaf, sharded), plan.leaves),
+             "opt_state": sharding_lib.map_like_params(abstract["opt_state"], plan,
+                                                       lambda leaf, _: _savable_spec(leaf, sharded),
+                                                       lambda _: P(), stored=False)}
+    return view, sharding_lib.named(setup.mesh, specs), abstract
+
+
+def metadata(setup, step: int) -> dict:
+    shapes = {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves)}
+    return {"format": "zerojax-checkpoint", "zerojax_version": zerojax.__version__, "step": step,
+            "config": config_lib.to_dict(setup.cfg), "param_shapes": shapes}
+
+
+def save(mgr: ocp.CheckpointManager, setup, state, step: int) -> None:
+    """Start an asynchronous save of `state` as checkpoint `step` (training goes on)."""
+    view, shardings, _ = saved_state(setup, state)
+    saved = jax.jit(view, out_shardings=shardings)(state)
+    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(saved),
+                                           meta=ocp.args.JsonSave(metadata(setup, step))), force=True)
+
+
+def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
+    where = Path(mgr.directory) / str(step)
+    try:
+        meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as err:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
+        raise ValueError(f"checkpoint {where} is unreadable ({type(err).__name__}); delete that directory "
+                         "to resume from the one before, or set train.resume=never in a new train.out_dir") from None
+    if not isinstance(meta, dict) or meta.get("format") != "zerojax-checkpoint":
+        raise ValueError(f"{where} is not a zerojax checkpoint (no zerojax metadata)")
+    return meta
+
+
+def restore(mgr: ocp.CheckpointManager, setup, step: int, abstract_state, shardings):
+    """Checkpoint `step` read straight into `setup`'s plan (any mesh, stage or schedule), as a
+    state like `abstract_state` laid out by `shardings`."""
+    meta = read_metadata(mgr, step)
+    want = {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves)}
+    if meta["param_shapes"] != want:
+        diff = sorted(set(map(tuple, meta["param_shapes"].items())) ^ set(map(tuple, want.items())))[:2]
+        raise ValueError(f"checkpoint {Path(mgr.directory) / str(step)} holds a different model than the config "
+                         f"asks for (e.g. {diff}); use the saved run's model settings or a new train.out_dir")
+    _, saved_layout, abstract = saved_state(setup, abstract_state)
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, saved_layout)
+    try:
+        saved = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"checkpoint {Path(mgr.directory) / str(step)} cannot be restored ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200]}); delete it to resume from the one before") from None
+    plan = setup.plan
+
+    def into_plan(saved):
+        pad = lambda leaf, x: jnp.pad(x, [(0, s - t) for s, t in zip(leaf.stored, leaf.shape)])
+        return type(abstract_state)(saved["step"], plan.pad(saved["params"]),
+                                    sharding_lib.map_like_params(saved["opt_state"], plan, pad, stored=False),
+                                    saved["skipped"], saved["loss_scale"])
+
+    return jax.jit(into_plan, out_shardings=shardings)(saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# One consolidated safetensors file, written leaf by leaf.
+
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+
+def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None) -> dict:
+    """Write the master weights of a checkpoint to one safetensors file, streaming one leaf at
+    a time onto one device (host memory bounded by the largest leaf, not the model)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "checkpoints").is_dir():
+        raise ValueError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
+    mgr = manager(run_dir, keep=1_000_000, create=False)
+    steps = mgr.all_steps()
+    if not steps or (step is not None and step not in steps):
+        raise ValueError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "
+                         f"(complete steps: {sorted(steps) or 'none'})")
+    step = max(steps) if step is None else step
+    shapes = read_metadata(mgr, step)["param_shapes"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    np_dtype = jnp.dtype(dtype)
+    header, offset = {"__metadata__": {"format": "pt", "zerojax_step": str(step)}}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape)) * np_dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for name, shape in shapes.items():
+            leaf = _nest(name, jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=device))
+            args = ocp.args.PyTreeRestore({"params": leaf}, restore_args=ocp.checkpoint_utils.construct_restore_args(
+                {"params": leaf}), partial_restore=True)
+            value = mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+            f.write(np.asarray(_get(value, name).astype(np_dtype)).tobytes())
+    tmp.replace(out)  # atomic: the file exists only once complete
+    mgr.close()
+    return {"step": step, "tensors": len(shapes), "params": int(sum(np.prod(s) for s in shapes.values())),
+            "bytes": out.stat().st_size, "out": str(out)}
+
+
+def _nest(path: str, value):
+    for key in reversed(path.split("/")):
+        value = {key: value}
+    return value
+
+
+def _get(tree, path: str):
+    for key in path.split("/"):
+        tree = tree[key]
+    return tree
+
+
+def load_safetensors(path: str, plan: sharding_lib.Plan) -> dict:
+    """Parameters (true shapes, fp32) from a safetensors file named by zerojax's parameter paths."""
+    from safetensors import safe_open
+
+    if not Path(path).is_file():
+        raise ValueError(f"model.init_from={path!r}: no such file")
+    params = {}
+    with safe_open(path, framework="numpy") as f:
+        names = set(f.keys())
+        for leaf in jax.tree.leaves(plan.leaves):
+            if leaf.path not in names:
+                raise ValueError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
+                                 "a run of this model?")
+            value = f.get_tensor(leaf.path)
+            if tuple(value.shape) != leaf.shape:
+                raise ValueError(f"model.init_from={path!r}: {leaf.path} has shape {list(value.shape)}, the model "
+                                 f"needs {list(leaf.shape)}")
+            _merge(params, leaf.path, np.asarray(value, np.float32))
+    return params
+
+
+def _merge(tree: dict, path: str, value) -> None:
+    keys = path.split("/")
+    for key in keys[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[keys[-1]] = value
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    """Steps with a complete checkpoint (orbax renames a step's directory to its number only
+    once every file is written; temporary directories carry a suffix)."""
+    folder = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()) if folder.is_dir() else []
