@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -30,6 +31,9 @@ def build_parser() -> Parser:
                        help="override a config field by dotted name, e.g. zero.stage=1 train.steps=50")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
+    train.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address")
+    train.add_argument("--num-processes", type=positive_int, metavar="P", help="processes in the run")
+    train.add_argument("--process-id", type=int, metavar="I", help="this process, 0..P-1")
 
     memory = sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device")
     memory.add_argument("--params", type=parse_count, help="parameters Ψ (7.5e9, 124M, 3B)")
@@ -105,15 +109,29 @@ def xla_preset(args) -> None:
         print(f"zerojax: XLA preset {args.xla_preset}: {apply_xla_preset(args.xla_preset)}", file=sys.stderr)
 
 
+def jax_process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
 def cmd_train(args) -> int:
     from zerojax import config, train
+
+    from zerojax import mesh
 
     xla_preset(args)
     try:
         cfg = config.load(args.config, args.overrides)
+        mesh.init_distributed(cfg.mesh, args.coordinator, args.num_processes, args.process_id)
         setup = train.prepare(cfg)
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
+    except mesh.DistributedError as err:
+        print(f"zerojax: error: {err}", file=sys.stderr)
+        return 1
+    if jax_process_index() != 0:  # process 0 speaks for the run
+        sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name}: {setup.mesh.devices.size} {setup.mesh.devices.flat[0].platform} "
           f"devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, compute {setup.policy.compute.name}")
     if setup.resume_step:

@@ -79,6 +79,7 @@ class MeshConfig:
     replica: int = 1  # replicas of the sharded group (hybrid sharding)
     cpu_devices: int = 8  # devices simulated on a CPU backend
     distributed: str = "auto"  # auto: jax.distributed when a cluster is detected | off
+    timeout_s: int = 300  # joining the other processes, and noticing one has died
 
     def __post_init__(self):
         if self.data != -1:
@@ -86,6 +87,7 @@ class MeshConfig:
         _at_least("mesh.replica", self.replica, 1)
         _at_least("mesh.cpu_devices", self.cpu_devices, 1)
         _choice("mesh.distributed", self.distributed, ("auto", "off"))
+        _at_least("mesh.timeout_s", self.timeout_s, 1)
 
 
 @dataclass(frozen=True, kw_only=True)

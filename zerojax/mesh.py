@@ -1,4 +1,9 @@
-"""Devices and the ("replica", "data") mesh.
+"""Processes, devices and the ("replica", "data") mesh.
+
+Several processes (TPU pod hosts, GPU nodes, or processes on one machine for tests) form one
+mesh through JAX's own multi-controller runtime, `jax.distributed.initialize`: explicitly
+(`--coordinator HOST:PORT --num-processes P --process-id I`) or, with `mesh.distributed=auto`,
+by JAX's detection of a TPU pod or a SLURM job. On CPU the processes talk through gloo.
 
 On a CPU backend the run simulates `mesh.cpu_devices` devices through the public
 `jax_num_cpu_devices` option, set before the backend starts (never through `XLA_FLAGS`, and
@@ -7,9 +12,11 @@ never at import time). On GPU/TPU the option is harmless: it only concerns the C
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from zerojax.config import MeshConfig
@@ -46,12 +53,68 @@ def apply_xla_preset(name: str) -> str:
     return flags
 
 
-def setup_devices(cfg: MeshConfig) -> list[jax.Device]:
-    """Ask for `cfg.cpu_devices` simulated CPU devices if the backend has not started yet."""
+CLUSTER_ENV = ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "OMPI_COMM_WORLD_SIZE")
+
+
+def cluster_detected() -> bool:
+    """A multi-process launch that `jax.distributed.initialize()` can configure by itself."""
+    many = lambda name: os.environ.get(name, "1").isdigit() and int(os.environ.get(name, "1")) > 1
+    if "SLURM_JOB_ID" in os.environ:
+        return many("SLURM_NTASKS")
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return many("OMPI_COMM_WORLD_SIZE")
+    return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "") or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+
+
+def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_processes: int | None = None,
+                     process_id: int | None = None) -> bool:
+    """Join the other processes of the run (before any device work); False for a single process.
+
+    A process that cannot reach the coordinator within `mesh.timeout_s` gets a clear error, and
+    once running, a process whose peers stop heart-beating is stopped by JAX's coordination
+    service within the same bound, instead of hanging in a collective."""
+    explicit = coordinator is not None or num_processes is not None or process_id is not None
+    if explicit and None in (coordinator, num_processes, process_id):
+        raise ValueError("--coordinator HOST:PORT, --num-processes P and --process-id I go together")
+    if explicit and not 0 <= process_id < num_processes:
+        raise ValueError(f"--process-id {process_id} must be in [0, {num_processes})")
+    if not explicit and (cfg.distributed == "off" or not cluster_detected()):
+        return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # only the CPU client uses it
+    processes = num_processes or int(os.environ.get("SLURM_NTASKS", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    if cfg.cpu_devices % processes:
+        raise ValueError(f"mesh.cpu_devices={cfg.cpu_devices} must be divisible by the {processes} processes")
+    _set_cpu_devices(cfg.cpu_devices // processes)  # before the backend starts (it starts below)
+    wanted = {"initialization_timeout": cfg.timeout_s, "heartbeat_timeout_seconds": cfg.timeout_s,
+              "shutdown_timeout_seconds": cfg.timeout_s}
+    accepted = inspect.signature(jax.distributed.initialize).parameters
     try:
-        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
+        jax.distributed.initialize(coordinator, num_processes, process_id,
+                                   **{k: v for k, v in wanted.items() if k in accepted})
+    except Exception as err:  # noqa: BLE001 - JAX raises several kinds for "no coordinator"
+        where = coordinator or "the detected coordinator"
+        raise DistributedError(f"could not join {where} as process {process_id} of {num_processes} within "
+                               f"mesh.timeout_s={cfg.timeout_s}s ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:200]})") from None
+    return True
+
+
+class DistributedError(RuntimeError):
+    """The processes of a run could not form (or keep) one mesh."""
+
+
+def _set_cpu_devices(n: int) -> None:
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
         pass  # backend already initialised (e.g. tests set the count via XLA_FLAGS): keep it
+
+
+def setup_devices(cfg: MeshConfig) -> list[jax.Device]:
+    """Ask for `cfg.cpu_devices` simulated CPU devices if the backend has not started yet (with
+    several processes, `init_distributed` has split them between the processes already)."""
+    if not jax.distributed.is_initialized():
+        _set_cpu_devices(cfg.cpu_devices)
     return jax.devices()
 
 
@@ -71,10 +134,11 @@ def mesh_shape(cfg: MeshConfig, n_devices: int, platform: str) -> tuple[int, int
 def make_mesh(cfg: MeshConfig) -> Mesh:
     devices = setup_devices(cfg)
     shape = mesh_shape(cfg, len(devices), devices[0].platform)
-    # Auto axes: stages are written as sharding annotations that XLA (GSPMD) propagates.
-    return jax.make_mesh(
-        shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices[: shape[0] * shape[1]]
-    )
+    # Devices in JAX's order (process by process), so that with several processes each row of
+    # `replica` is one process's devices: hybrid sharding shards inside a host and replicates
+    # across hosts. Auto axes: the gspmd schedule is annotations that XLA propagates.
+    grid = np.array(devices[: shape[0] * shape[1]]).reshape(shape)
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -301,12 +302,14 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
     train_step = make_train_step(setup, abstract).lower(state, first).compile()  # compile before timing
     eval_step = make_eval_step(setup)
 
-    out.mkdir(parents=True, exist_ok=True)
-    config_lib.dump(cfg, out / "config.yaml")
+    lead = jax.process_index() == 0  # process 0 writes the run directory; all write checkpoints
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        config_lib.dump(cfg, out / "config.yaml")
     history, saved_at, stopped = [], start, None
     tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
-    with open_metrics(out / "metrics.jsonl", start) as log, Progress(cfg.train.steps, show_progress, start) as bar, \
-            StopSignals() as signals:
+    with open_metrics(out / "metrics.jsonl", start, lead) as log, \
+            Progress(cfg.train.steps, show_progress and lead, start) as bar, StopSignals() as signals:
         tick, since, pending = time.perf_counter(), 0, None
         for i in range(start, cfg.train.steps):
             batch = first if i == start else global_batch(setup, setup.corpus.train, data_lib.TRAIN, i)
@@ -342,16 +345,21 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
             checkpoint.save(ckpt, setup, state, cfg.train.steps)
         ckpt.wait_until_finished()  # never exit before the last save is complete
         ckpt.close()
-    sample = sample_text(setup, state.params) if stopped is None else ""
-    if stopped is None:
+    sample = sample_text(setup, state.params) if stopped is None else ""  # every process: SPMD
+    if stopped is None and lead:
         (out / "sample.txt").write_text(sample)
     return {"history": history, "sample": sample, "run_dir": str(out), "state": state, "stopped": stopped,
             "resumed_from": start}
 
 
 @contextlib.contextmanager
-def open_metrics(path, resume_step: int):
-    """metrics.jsonl, continued after `resume_step` (later lines from an unfinished run dropped)."""
+def open_metrics(path, resume_step: int, lead: bool = True):
+    """metrics.jsonl, continued after `resume_step` (later lines from an unfinished run dropped);
+    only process 0 writes it."""
+    if not lead:
+        with open(os.devnull, "w") as f:
+            yield f
+        return
     kept = []
     if resume_step and path.is_file():
         kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]

@@ -1,0 +1,86 @@
+"""Several processes on this machine form one mesh through jax.distributed (gloo on CPU)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from zerojax import checkpoint, config, train
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64", "model.seq_len=16",
+        "train.global_batch=16", "train.log_every=1", "train.eval_every=0", "zero.min_shard_size=64",
+        "optim.schedule=constant", "optim.warmup_steps=0"]  # constant lr: a 6-step run is a 12-step run's start
+
+
+def env():
+    e = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    e.pop("XLA_FLAGS", None)
+    return e
+
+
+def launch(processes, out, *args, timeout=300):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "launch_local.sh"), str(processes), "--no-progress",
+                           *TINY, f"train.out_dir={out}", *args], env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def losses(out):
+    return np.array([json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+def one_process(out, *args):
+    train.run(config.load(overrides=TINY + [f"train.out_dir={out}", *args]), show_progress=False)
+    return losses(out)
+
+
+@pytest.mark.parametrize("extra", [
+    ["zero.stage=3", "zero.schedule=shard_map"],
+    ["zero.stage=1", "zero.schedule=gspmd"],
+    ["zero.stage=3", "mesh.replica=2", "mesh.data=4"],  # one replica per process
+], ids=lambda e: " ".join(e))
+def test_two_processes_equal_one(extra, tmp_path):
+    reference = one_process(tmp_path / "one", "train.steps=5", "train.ckpt_every=0", *extra)
+    proc = launch(2, tmp_path / "two", "train.steps=5", *extra)
+    assert "8 cpu devices" in proc.stdout and proc.stdout.count("zerojax: done") == 1  # process 0 speaks
+    np.testing.assert_allclose(losses(tmp_path / "two"), reference, rtol=1e-5)
+
+
+def test_checkpoints_move_between_process_counts(tmp_path):
+    reference = one_process(tmp_path / "ref", "train.steps=12", "train.ckpt_every=0")
+    launch(2, tmp_path / "a", "train.steps=6")  # written by two processes ...
+    one_process(tmp_path / "a", "train.steps=12")  # ... resumed by one
+    np.testing.assert_allclose(losses(tmp_path / "a"), reference, rtol=1e-5)
+    one_process(tmp_path / "b", "train.steps=6")  # and the reverse
+    launch(2, tmp_path / "b", "train.steps=12", "zero.stage=1")
+    np.testing.assert_allclose(losses(tmp_path / "b"), reference, rtol=1e-5)
+
+
+def test_a_dead_process_stops_the_other_and_the_run_resumes(tmp_path):
+    port = 23456 + os.getpid() % 1000
+    args = ["--no-progress", *TINY, "train.steps=60", "train.ckpt_every=2", f"train.out_dir={tmp_path}",
+            "mesh.timeout_s=20", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "zerojax", "train", *args, "--process-id", str(i)], env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 240
+    while 4 not in checkpoint.complete_steps(tmp_path) and time.time() < deadline:
+        assert procs[0].poll() is None, procs[0].stderr.read()[-2000:]
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGKILL)
+    start = time.time()
+    code = procs[0].wait(timeout=120)  # never a silent hang
+    assert code != 0 and time.time() - start < 100
+    procs[1].wait()
+    done = checkpoint.complete_steps(tmp_path)[-1]
+    launch(2, tmp_path, "train.steps=60", "train.ckpt_every=2", "mesh.timeout_s=20", timeout=600)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 61)) and done >= 4
