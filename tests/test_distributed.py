@@ -84,3 +84,11 @@ def test_a_dead_process_stops_the_other_and_the_run_resumes(tmp_path):
     launch(2, tmp_path, "train.steps=60", "train.ckpt_every=2", "mesh.timeout_s=20", timeout=600)
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 61)) and done >= 4
+
+
+def test_no_coordinator_is_a_clear_error_not_a_hang(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "zerojax", "train", "--coordinator", "127.0.0.1:9", "--num-processes",
+                           "2", "--process-id", "1", "mesh.timeout_s=2", f"train.out_dir={tmp_path}"], env=env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "zerojax: error: process 1 of 2 found no coordinator at 127.0.0.1:9 within mesh.timeout_s=2s" in proc.stderr

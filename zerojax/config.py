@@ -76,7 +76,7 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class MeshConfig:
     data: int = -1  # devices on the ZeRO (sharding) axis; -1 = all remaining devices
-    replica: int = 1  # replicas of the sharded group (hybrid sharding)
+    replica: int = -1  # replicas of the sharded group (hybrid sharding); -1 = one per process
     cpu_devices: int = 8  # devices simulated on a CPU backend
     distributed: str = "auto"  # auto: jax.distributed when a cluster is detected | off
     timeout_s: int = 300  # joining the other processes, and noticing one has died
@@ -84,7 +84,8 @@ class MeshConfig:
     def __post_init__(self):
         if self.data != -1:
             _at_least("mesh.data", self.data, 1)
-        _at_least("mesh.replica", self.replica, 1)
+        if self.replica != -1:
+            _at_least("mesh.replica", self.replica, 1)
         _at_least("mesh.cpu_devices", self.cpu_devices, 1)
         _choice("mesh.distributed", self.distributed, ("auto", "off"))
         _at_least("mesh.timeout_s", self.timeout_s, 1)

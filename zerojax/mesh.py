@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import socket
+import time
 
 import jax
 import numpy as np
@@ -88,6 +90,8 @@ def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_proces
     wanted = {"initialization_timeout": cfg.timeout_s, "heartbeat_timeout_seconds": cfg.timeout_s,
               "shutdown_timeout_seconds": cfg.timeout_s}
     accepted = inspect.signature(jax.distributed.initialize).parameters
+    if coordinator and process_id:  # JAX aborts the process when it cannot register: check first
+        _wait_for_coordinator(coordinator, cfg.timeout_s, process_id, num_processes)
     try:
         jax.distributed.initialize(coordinator, num_processes, process_id,
                                    **{k: v for k, v in wanted.items() if k in accepted})
@@ -97,6 +101,21 @@ def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_proces
                                f"mesh.timeout_s={cfg.timeout_s}s ({type(err).__name__}: "
                                f"{str(err).splitlines()[0][:200]})") from None
     return True
+
+
+def _wait_for_coordinator(address: str, timeout_s: int, process_id: int, num_processes: int) -> None:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except (OSError, ValueError) as err:
+            if time.monotonic() > deadline or isinstance(err, ValueError):
+                raise DistributedError(
+                    f"process {process_id} of {num_processes} found no coordinator at {address} within "
+                    f"mesh.timeout_s={timeout_s}s; start process 0 there (or fix --coordinator)") from None
+            time.sleep(0.5)
 
 
 class DistributedError(RuntimeError):
@@ -118,22 +137,24 @@ def setup_devices(cfg: MeshConfig) -> list[jax.Device]:
     return jax.devices()
 
 
-def mesh_shape(cfg: MeshConfig, n_devices: int, platform: str) -> tuple[int, int]:
-    """(replica, data) sizes; `data=-1` takes every device the replicas leave."""
-    data = cfg.data if cfg.data != -1 else n_devices // cfg.replica
-    if data < 1 or cfg.replica * data > n_devices:
-        need = cfg.replica * max(data, 1)
+def mesh_shape(cfg: MeshConfig, n_devices: int, platform: str, processes: int = 1) -> tuple[int, int]:
+    """(replica, data) sizes; `replica=-1` is one replica per process (the `data` axis inside a
+    host), `data=-1` takes every device the replicas leave."""
+    replica = processes if cfg.replica == -1 else cfg.replica
+    data = cfg.data if cfg.data != -1 else n_devices // replica
+    if data < 1 or replica * data > n_devices:
+        need = replica * max(data, 1)
         hint = f" (or raise mesh.cpu_devices, now {cfg.cpu_devices})" if platform == "cpu" else ""
         raise ValueError(
-            f"mesh.replica={cfg.replica} x mesh.data={cfg.data} needs {need} devices but only "
+            f"mesh.replica={replica} x mesh.data={cfg.data} needs {need} devices but only "
             f"{n_devices} {platform} devices exist; use mesh.data=-1 or a smaller mesh{hint}"
         )
-    return cfg.replica, data
+    return replica, data
 
 
 def make_mesh(cfg: MeshConfig) -> Mesh:
     devices = setup_devices(cfg)
-    shape = mesh_shape(cfg, len(devices), devices[0].platform)
+    shape = mesh_shape(cfg, len(devices), devices[0].platform, jax.process_count())
     # Devices in JAX's order (process by process), so that with several processes each row of
     # `replica` is one process's devices: hybrid sharding shards inside a host and replicates
     # across hosts. Auto axes: the gspmd schedule is annotations that XLA propagates.
