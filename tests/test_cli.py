@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,14 @@ def test_gpu_xla_preset_only_when_asked(tiny_overrides, tmp_path):
     # the flags are known to this jaxlib's XLA (an unknown flag aborts the process at start-up)
     assert proc.returncode == 0, proc.stderr
     assert "XLA preset gpu: --xla_gpu_enable_latency_hiding_scheduler=true" in proc.stderr
+
+
+def test_analyze_json_is_the_contract_document(capsys):
+    assert cli.main(["analyze", "--stages", "0,3", "--json", "model.n_layers=2", "train.global_batch=16"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"params", "devices", "stages"} <= set(doc) and doc["devices"] == 8
+    for stage in ("0", "3"):
+        m = doc["stages"][stage]
+        assert {"argument_bytes", "temp_bytes", "output_bytes", "formula_bytes", "comm_bytes",
+                "comm_theory_bytes", "comm"} <= set(m)
+        assert {"all-gather", "reduce-scatter", "all-reduce"} <= set(m["comm"])
