@@ -76,7 +76,8 @@ def analyze(cfg, stages_wanted=STAGES, budget_gb: float | None = None) -> dict:
         stages[str(stage)] = stage_report(setup, compiled, params)
         stages[str(stage)]["peak_bytes"] = peak_bytes(stages[str(stage)])
     doc = {"params": params, "devices": setup.mesh.shape["data"], "mesh": dict(setup.mesh.shape),
-           "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages}
+           "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages,
+           "plan": setup.plan.rows()}  # of the last stage analyzed
     if budget_gb is not None:
         doc["fits"] = {"budget_bytes": budget_gb * 1e9,
                        "stages": {str(s): largest_fitting(cfg, s, budget_gb * 1e9) for s in stages_wanted}}

@@ -22,13 +22,6 @@ class Policy:
     gather: jnp.dtype = jnp.float32
     reduce: jnp.dtype = jnp.float32
 
-    def cast_to_compute(self, tree):
-        return jax.tree.map(lambda x: x.astype(self.compute) if _is_float(x) else x, tree)
-
-
-def _is_float(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.floating)
-
 
 def default_compute(platform: str) -> str:
     """bf16 where the hardware has it; fp32 on CPU, where XLA emulates bf16 dots with converts."""

@@ -89,7 +89,20 @@ def formats_tables(doc: dict):
         yield table
 
 
+def plan_table(doc: dict):
+    n = doc["devices"]
+    table = Table(title=f"Sharding plan (master weights and Adam moments over data = {n})")
+    for column in ("parameter", "shape", "stored", "spec", "master bytes / device"):
+        table.add_column(column, justify="right" if column.startswith("master") else "left", no_wrap=True)
+    for row in doc["plan"]:
+        padded = row["stored"] != row["shape"]
+        table.add_row(row["path"], str(row["shape"]), str(row["stored"]) + (" (padded)" if padded else ""),
+                      row["spec"], human_bytes(row["master_bytes_per_device"]))
+    return table
+
+
 def analyze_table(doc: dict):
+    yield plan_table(doc)
     mem = Table(title=f"Compiled train step, per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
                       f"(N = {doc['devices']} on data), schedule {doc['schedule']}")
     for column in ("stage", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"):

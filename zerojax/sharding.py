@@ -122,9 +122,6 @@ class Plan:
 
         return jax.tree.map(unpad_leaf, self.leaves, params)
 
-    def abstract_master(self, dtype=jnp.float32):
-        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.stored, dtype), self.leaves)
-
     def rows(self) -> list[dict]:
         """One row per leaf for printing: path, shape, dim, padding, bytes per device."""
         out = []
