@@ -1,15 +1,18 @@
 """Training: TrainState, the jitted train step, and the run loop.
 
 `prepare` turns a Config into everything a run needs and is where bad input surfaces (as
-ValueError, before anything is written); `run` then creates the run directory and trains.
+ValueError, before anything is written); `run` then creates the run directory, resumes from the
+newest checkpoint if there is one, and trains.
 
-Every ZeRO stage is the same step with a different sharding plan (`zerojax.sharding`): the
-master weights and Adam moments live in the plan's master layout, the forward/backward sees a
-compute view of them (unpadded, cast to the gather dtype, placed in the compute layout: XLA
-all-gathers them for stages 1-2, and at each use for stage 3), and the gradient is constrained
-to the gradient layout (XLA all-reduces it for stage 0, reduce-scatters it for stages 1-3).
-Activations are kept batch-sharded between blocks. This is the `zero.schedule=gspmd` schedule:
-the collectives are XLA's to place.
+Every ZeRO stage is the same step with a different sharding plan (`zerojax.sharding`): the fp32
+master weights and Adam moments live in the plan's master layout and the optimizer updates
+them where they lie. The loss and gradient come from one of two schedules:
+- `shard_map` (default): the explicit FSDP unit schedule of `zerojax.fsdp`;
+- `gspmd` (`accumulated_grads` below): the forward/backward sees a compute view of the master
+  weights (unpadded, cast to the gather dtype, placed in the compute layout), the gradient is
+  constrained to the gradient layout and activations are kept batch-sharded between blocks;
+  XLA places the collectives (on CPU it all-reduces and slices the gradients instead of
+  reduce-scattering them).
 """
 
 from __future__ import annotations
