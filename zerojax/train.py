@@ -42,6 +42,7 @@ from zerojax import mesh as mesh_lib
 from zerojax import sharding as sharding_lib
 from zerojax.config import Config
 from zerojax.models import GPT, cross_entropy
+from zerojax.models.gpt import REMAT_POLICIES
 from zerojax.optim import check_freeze, frozen_mask, make_optimizer, make_schedule
 from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
 from zerojax.sample import Progress, sample_text
@@ -240,7 +241,8 @@ def make_train_step(setup: Setup, abstract_state: TrainState | None = None):
         z = setup.cfg.zero
         loss_and_grads = fsdp.make_loss_and_grads(
             setup.mesh, setup.plan, setup.policy, setup.units, cross_entropy, grad_accum=setup.cfg.train.grad_accum,
-            prefetch=z.prefetch, reshard_after_forward=z.reshard_after_forward)
+            prefetch=z.prefetch, reshard_after_forward=z.reshard_after_forward,
+            remat_policy=None if setup.cfg.model.remat == "full" else REMAT_POLICIES[setup.cfg.model.remat])
     else:
         loss_and_grads = lambda master, batch, scale: accumulated_grads(setup, master, batch, scale)
 
@@ -250,14 +252,19 @@ def make_train_step(setup: Setup, abstract_state: TrainState | None = None):
         # Frozen leaves: no update (the optimizer's set_to_zero) and no part in the norm.
         grads = jax.tree.map(lambda g, f: jnp.zeros_like(g) if f else g / scale, grads, setup.frozen)
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = setup.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         finite = jnp.isfinite(grad_norm)
-        keep_if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+        def update(params, opt_state):
+            updates, opt_state = setup.optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        # A cond, not a select between new and old: the update then runs in place on the
+        # donated buffers (a select keeps the old state alive next to the new one).
+        params, opt_state = jax.lax.cond(finite, update, lambda *old: old, state.params, state.opt_state)
         new_state = TrainState(
             step=state.step + finite.astype(jnp.int32),
-            params=keep_if_finite(params, state.params),
-            opt_state=keep_if_finite(opt_state, state.opt_state),
+            params=params,
+            opt_state=opt_state,
             skipped=jnp.where(finite, 0, state.skipped + 1),
             loss_scale=setup.scaler.update(state.loss_scale, finite),
         )
