@@ -121,7 +121,7 @@ def test_padding_is_invisible(tmp_path):
     np.save(tmp_path / "tokens.npy", tokens)
     common = ["model.vocab_size=250", "model.d_model=36", "model.n_heads=2", "model.n_layers=2", "model.d_ff=72",
               "model.seq_len=16", "train.steps=4", "train.log_every=1", "train.eval_every=0",
-              f"data.source={tmp_path / 'tokens.npy'}", "train.global_batch=16"]
+              f"data.source={tmp_path / 'tokens.npy'}", "train.global_batch=16", "zero.min_shard_size=64"]
     one, _ = run(common + ["mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     np.testing.assert_allclose(three, one, rtol=1e-5)
@@ -155,7 +155,7 @@ def test_the_plan():
                          "ln": jax.ShapeDtypeStruct((8, 16), np.float32)},
               "embed": jax.ShapeDtypeStruct((250, 64), np.float32)}
     plan = sharding.make_plan(params, 3, 8, min_shard_size=200, stacked=("blocks",))
-    assert plan.leaves["blocks"]["w"].dim == 2 and plan.leaves["blocks"]["ln"].dim is None  # 128 < 200
+    assert plan.leaves["blocks"]["w"].dim == 2 and plan.leaves["blocks"]["ln"].dim is None  # 16 per layer < 200
     assert plan.leaves["embed"].dim == 1 and plan.unsharded_bytes() == 8 * 16 * 4
     assert plan.master_specs["blocks"]["w"] == sharding.P(None, None, "data")
     stage1 = sharding.make_plan(params, 1, 8, 200, ("blocks",))

@@ -91,18 +91,14 @@ def stage_report(setup, compiled, params: int) -> dict:
     b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), setup.policy.gather.itemsize)
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
                           setup.policy.reduce.itemsize)
-    outer = sum(math.prod(leaf.shape) for unit in ("embed", "head")
-                for leaf in jax.tree.leaves(setup.plan.leaves[unit]))
     explicit = z.schedule == "shard_map"
     return {
         **measure_memory(compiled),
         "formula_bytes": model_state_bytes(stage, params, n),
         "unsharded_bytes": setup.plan.unsharded_bytes() if stage else 0,
-        "schedule": z.schedule,
+        "schedule": z.schedule, "remat": setup.cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward),
-        "comm_schedule_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward,
-                                                        gathered_once=outer if explicit else 0),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
         **({"transient_estimate": transient_estimate(setup, b_g, b_r)} if stage == 3 and explicit else {}),
     }
@@ -112,18 +108,38 @@ def transient_estimate(setup, b_gather: int, b_reduce: int) -> dict:
     """Stage 3 under the explicit schedule: what its temporaries should be made of, per device,
     from the shapes (an estimate to read next to XLA's measured temp_bytes)."""
     cfg, m, plan = setup.cfg, setup.cfg.model, setup.plan
-    n_dev, b_c = setup.mesh.devices.size, setup.policy.compute.itemsize
+    n_dev = setup.mesh.devices.size
     rows = cfg.train.global_batch // cfg.train.grad_accum // n_dev
     tokens = rows * m.seq_len
     unit = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(plan.leaves["blocks"]))
     outer = sum(math.prod(leaf.shape) for u in ("embed", "head") for leaf in jax.tree.leaves(plan.leaves[u]))
     block_work = 4 * (2 * rows * m.n_heads * m.seq_len**2 + 2 * tokens * m.d_ff + 6 * tokens * m.d_model)
     return {
-        "activations": m.n_layers * tokens * m.d_model * b_c + block_work + 2 * tokens * m.vocab_size * 4,
-        "gathered_units": ((1 + cfg.zero.prefetch) * unit + outer) * b_gather,
+        "activations": m.n_layers * saved_per_block(setup, rows) + block_work + 2 * tokens * m.vocab_size * 4,
+        # in the blocks' backward: the unit and its prefetched successors (and, kept from the
+        # forward with reshard_after_forward=false, the outer unit)
+        "gathered_units": ((1 + cfg.zero.prefetch) * unit + (0 if cfg.zero.reshard_after_forward else outer)) * b_gather,
         "unit_gradient": 2 * unit * b_reduce,  # the block's gradient and its flat layout
-        "optimizer": 3 * 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(plan.leaves)) // plan.data_size,
+        # the fp32 gradient shards, alive from the backward until the in-place Adam update
+        "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(plan.leaves)) // plan.data_size,
     }
+
+
+def saved_per_block(setup, rows: int) -> int:
+    """Bytes one block keeps for its backward pass under `model.remat` in the explicit schedule:
+    its input (full), or its vjp's residuals without the weights (dots, none), traced from the
+    block itself on abstract values."""
+    from zerojax import fsdp
+    from zerojax.models.gpt import REMAT_POLICIES
+
+    m, compute = setup.cfg.model, setup.policy.compute
+    x = jax.ShapeDtypeStruct((rows, m.seq_len, m.d_model), compute)
+    if m.remat == "full":
+        return x.size * x.dtype.itemsize
+    w = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], compute), setup.plan.leaves["blocks"])
+    apply = lambda w, x: nnx.merge(setup.units["block"], w)(x)
+    residuals = jax.eval_shape(lambda w, x: fsdp.block_residuals(apply, REMAT_POLICIES[m.remat], w, x)[1], w, x)
+    return sum(r.size * r.dtype.itemsize for r in residuals)
 
 
 def regime(setup) -> dict:
@@ -278,18 +294,14 @@ def loop_collectives(hlo_text: str, n_devices: int) -> list[dict]:
 
 
 def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,
-                      reshard_after_forward: bool = True, gathered_once: float = 0) -> float:
-    """DESIGN §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N).
-
-    `gathered_once`: parameters that stage 3 gathers once instead of twice (zerojax's outer
-    unit: its backward follows its forward directly, and the embedding's gradient needs no
-    weights); 0 gives DESIGN's formula."""
+                      reshard_after_forward: bool = True) -> float:
+    """DESIGN §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N)."""
     g = (n - 1) / n
     if stage == 0:
         return 2 * g * params * b_reduce
     if stage in (1, 2) or not reshard_after_forward:
         return g * params * (b_reduce + b_gather)
-    return g * params * (2 * b_gather + b_reduce) - g * gathered_once * b_gather
+    return g * params * (2 * b_gather + b_reduce)
 
 
 def peak_bytes(memory: dict) -> int:

@@ -42,7 +42,7 @@ class ModelConfig:
     n_heads: int = 4  # attention heads; must divide d_model
     d_ff: int = 512  # hidden width of the MLP
     seq_len: int = 128  # context length in tokens
-    remat: str = "none"  # activation checkpointing per block: none | full | dots (gspmd; shard_map always recomputes a block)
+    remat: str = "none"  # activation checkpointing per block: none | full | dots
     tie_embeddings: bool = True  # LM head reuses the token embedding matrix
     init_from: str = ""  # start from these weights (not implemented yet: needs checkpoints)
 
@@ -97,7 +97,7 @@ class ZeroConfig:
     schedule: str = "shard_map"  # shard_map (explicit FSDP unit schedule) | gspmd (annotations only)
     reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
     prefetch: int = 1  # units gathered ahead of the one computing
-    min_shard_size: int = 1024  # leaves with fewer elements stay replicated
+    min_shard_size: int = 16384  # parameters with fewer elements (per layer) stay replicated
 
     def __post_init__(self):
         _choice("zero.stage", self.stage, (0, 1, 2, 3))

@@ -5,22 +5,28 @@ and gradient are computed by an explicit forward and backward pass over the mode
 (the outer unit, embedding + head, and one unit per transformer block), not by autodiff of the
 whole step, so where weights are gathered and freed is decided here and nowhere else:
 
-    forward:   gather outer; embed; for each block: gather, compute, free; head; loss
+    forward:   gather outer; embed; free outer; for each block: gather, compute, free;
+               gather outer again; head; loss
     backward:  head (outer still gathered), free outer; for each block in reverse: gather
-               again, recompute its forward, vjp, reduce-scatter its gradient, free; embedding
-               vjp (a scatter-add: no weights needed); reduce-scatter the outer gradient
+               again, vjp, reduce-scatter its gradient, free; embedding vjp (a scatter-add
+               into the rows it read: it keeps the token ids, not the weights); reduce-scatter
+               the outer gradient
 
-The outer unit is thus gathered once per step, not twice as DESIGN §2's stage-3 formula
-counts: its backward starts right where its forward ends (as FSDP keeps its root unit
-unsharded), and the embedding's gradient needs no weights.
+Every unit is thus gathered twice per step and reduce-scattered once, as DESIGN §2 counts
+(FSDP likewise keeps its root unit gathered from the head's forward into its backward).
 
 A unit's gather is one `all_gather` of one flat buffer holding all its sharded leaves (in
 `precision.gather`), and its gradient one `psum_scatter` of the same layout (in
-`precision.reduce`): FSDP's flat parameter. Only each block's input activation is kept for the
-backward pass; gathered weights never outlive their use (with `zero.reshard_after_forward=false`
-the forward's gathered blocks are kept instead of gathered again). `zero.prefetch=k` issues the
-gather of unit i+k before unit i computes (a queue of k gathered units carried through the
-scan), so XLA's async collectives can overlap it with compute.
+`precision.reduce`): FSDP's flat parameter. Gathered weights never outlive their use and are
+never saved for the backward pass (with `zero.reshard_after_forward=false` the forward's
+gathered blocks are kept instead of gathered again). What a block does keep is `model.remat`'s
+choice, made per block with `jax.checkpoint` policies: its input only (`full`: the backward
+recomputes the block), its matmul outputs too (`dots`), or every residual its vjp needs
+(`none`); the weights among those residuals are left out and the re-gathered ones put back in
+their places (`block_residuals`). `zero.prefetch=k` issues the gather of unit i+k before unit
+i computes (a queue of k gathered units carried through the scan), so XLA's async collectives
+can overlap it with compute; the forward's last k iterations already gather the backward's
+first k units.
 
 Stages pick what "gather" and "scatter" mean (master layout from `zerojax.sharding`):
     3  gather = all_gather per unit per pass; scatter = psum_scatter per unit
@@ -48,7 +54,8 @@ from zerojax.precision import Policy
 from zerojax.sharding import DATA, LeafPlan, Plan
 
 REPLICA = "replica"
-OUTER = ("embed", "head")  # the root unit: gathered at the start of forward, as FSDP's root
+ALL = jax.checkpoint_policies.everything_saveable  # remat=none: the block's vjp saves what it needs
+OUTER = ("embed", "head")  # the outer unit: its gradient is reduce-scattered once, at the end
 
 
 @dataclass(frozen=True)
@@ -121,37 +128,72 @@ class UnitLayout:
 
 
 def _at(tree, i):
-    return jax.tree.map(lambda a: a[i], tree)
+    """Layer i of stacked leaves (i may be traced: a dynamic slice, not a copy of the stack)."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
 
 
-def _slice(tree, start, stop):
-    return jax.tree.map(lambda a: a[start:stop], tree)
+def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead: int, *, reverse: bool = False,
+                queue: tuple | None = None, wrap: bool = False):
+    """for each unit i (0..L-1, or L-1..0 when `reverse`): carry, out[i] = step(carry,
+    gather(sources[i]), extras[i]), the gather of the unit `ahead` places later in that order
+    issued before unit i computes (a queue of `ahead` gathered units carried through the scan).
 
+    `queue`: units already gathered for the first `ahead` places (else gathered here first).
+    `wrap`: the last `ahead` iterations go on gathering the first units of the reverse pass
+    (the backward after a forward) instead of idling; they are returned as its `queue`, so
+    one scan covers every unit. Without it the last `ahead` units, already gathered, run after
+    the scan.
 
-def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead: int):
-    """for i in range(L): carry, out_i = step(carry, gather(sources[i]), extras[i]), with the
-    gather of unit i+ahead issued before unit i computes (a queue of `ahead` gathered units)."""
+    Stacked inputs are read by index and the outputs written in place into [L, ...] buffers in
+    layer order, so nothing stacked is ever sliced, reversed or concatenated (each of those
+    would be a copy of the whole stack alive next to the units). Returns (carry, outs, queue)."""
     L = jax.tree.leaves(sources)[0].shape[0]
     ahead = min(ahead, L)
-    queue = tuple(gather(_at(sources, i)) for i in range(ahead))
+    unit = (lambda j: L - 1 - j) if reverse else (lambda j: j)
+    # The unit gathered k places ahead: k < L in this pass's order, then the reverse pass's.
+    upcoming = lambda k: unit(k) if not wrap else jnp.where(k < L, unit(k), unit(2 * L - 1 - k))
+    if queue is None:
+        queue = tuple(gather(_at(sources, unit(j))) for j in range(ahead))
+    out_shapes = jax.eval_shape(lambda c, w, e: step(c, w, e)[1], carry, queue[0] if queue else gather(_at(sources, 0)),
+                                _at(extras, 0))
+    outs = jax.tree.map(lambda s: jnp.zeros((L,) + s.shape, s.dtype), out_shapes)
 
-    def body(state, xs):
-        carry, queue = state
-        source, extra = xs
-        weights = gather(source)  # issued before this iteration's compute
+    def compute(state, weights, i):
+        carry, outs = state
+        carry, out = step(carry, weights, _at(extras, i))
+        return carry, jax.tree.map(lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, i, 0), outs, out)
+
+    def body(state, j):
+        state, queue = state
+        weights = gather(_at(sources, upcoming(j + ahead)))  # issued before this iteration's compute
         if queue:
             weights, queue = queue[0], queue[1:] + (weights,)
-        carry, out = step(carry, weights, extra)
-        return (carry, queue), out
+        return (compute(state, weights, unit(j)), queue), None
 
-    outs = []
-    if L > ahead:
-        (carry, queue), scanned = jax.lax.scan(body, (carry, queue), (_slice(sources, ahead, L), _slice(extras, 0, L - ahead)))
-        outs.append(scanned)
-    for j, weights in enumerate(queue):  # the last `ahead` units, already gathered
-        carry, out = step(carry, weights, _at(extras, L - ahead + j))
-        outs.append(jax.tree.map(lambda a: a[None], out))
-    return carry, jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs)
+    state, steps = (carry, outs), L if wrap else L - ahead
+    if steps:
+        (state, queue), _ = jax.lax.scan(body, (state, queue), jnp.arange(steps))
+    if not wrap:
+        for j, weights in enumerate(queue):  # the last `ahead` units, already gathered
+            state = compute(state, weights, unit(L - ahead + j))
+        queue = ()
+    return (*state, queue)
+
+
+def block_residuals(apply_block: Callable, remat_policy: Callable, w, x_BTD):
+    """y, and the residuals a block's backward needs under `remat_policy`, without its weights.
+
+    The vjp's residuals are what the policy saves (all of them for remat=none, the matmul
+    outputs for remat=dots) plus the block's inputs. The weights among them are recognised by
+    identity and left out, with their slots: the backward puts the re-gathered weights back in
+    their places, so a gathered unit is never stored for the backward pass.
+    Returns (y, residuals, treedef, slots)."""
+    fn = apply_block if remat_policy is ALL else jax.checkpoint(apply_block, policy=remat_policy)
+    y_BTD, vjp = jax.vjp(fn, w, x_BTD)
+    leaves, treedef = jax.tree.flatten(vjp)
+    slot_of = {id(leaf): k for k, leaf in enumerate(jax.tree.leaves(w))}
+    slots = tuple(slot_of.get(id(leaf)) for leaf in leaves)
+    return y_BTD, [leaf for leaf, k in zip(leaves, slots) if k is None], treedef, slots
 
 
 @dataclass(frozen=True)
@@ -166,6 +208,7 @@ class Schedule:
     prefetch: int
     reshard_after_forward: bool
     n_devices: int  # replica x data: each device's loss is 1/n of the global mean
+    remat_policy: Callable | None = None  # None: every block recomputed in backward (remat=full)
 
     def layouts(self):
         plans, n = self.plan.leaves, self.plan.data_size
@@ -178,9 +221,31 @@ class Schedule:
     def embed(self, outer_w, tokens_BT):
         return nnx.merge(self.units["embed"], outer_w["embed"])(tokens_BT)
 
-    def head_loss(self, outer_w, x_BTD, targets_BT):
-        embed = nnx.merge(self.units["embed"], outer_w["embed"])
-        return self.loss_fn(nnx.merge(self.units["head"], outer_w["head"])(x_BTD, embed), targets_BT)
+    def head_part(self, outer):
+        """What the head reads of the outer unit: its own leaves and, tied, the token embedding."""
+        tied = "lm_head" not in self.plan.leaves["head"]
+        return {"head": outer["head"], **({"embed": {"wte": outer["embed"]["wte"]}} if tied else {})}
+
+    def head_loss(self, head_w, x_BTD, targets_BT):
+        embed = None  # an untied head never reads the embedding
+        if "embed" in head_w:  # tied: only `wte.attend` is read; the position table stays out
+            embed = nnx.merge(self.units["embed"], {**head_w["embed"], "wpe": jnp.zeros((), self.policy.gather)})
+        return self.loss_fn(nnx.merge(self.units["head"], head_w["head"])(x_BTD, embed), targets_BT)
+
+    def block_forward(self, w, x_BTD, structure: dict):
+        """A block's output and the residuals its backward needs, without its weights."""
+        y_BTD, residuals, treedef, slots = block_residuals(self.apply_block, self.remat_policy, w, x_BTD)
+        # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
+        # first trace's pullback serves all of them (its residuals are all in `leaves`).
+        if structure.setdefault("vjp", (treedef, slots))[1] != slots:
+            raise AssertionError("a block's vjp residuals changed between traces")
+        return y_BTD, residuals
+
+    def block_backward(self, w, residuals, dy_BTD, structure: dict):
+        treedef, slots = structure["vjp"]
+        weights, saved = jax.tree.leaves(w), iter(residuals)
+        vjp = jax.tree.unflatten(treedef, [next(saved) if k is None else weights[k] for k in slots])
+        return vjp(dy_BTD)
 
     def local_grads(self, weights, batch_BS, scale):
         """Loss and gradient of one microbatch on this device.
@@ -191,58 +256,86 @@ class Schedule:
         shards, full = weights
         p = self.policy
         sharded = self.stage >= 2
+        n, plans = self.plan.data_size, self.plan.leaves
         if self.stage == 3:
-            gather_outer_from = lambda shards: outer_lay.gather({k: shards[k] for k in OUTER}, p)
+            def gather_head(kept_embed):
+                if kept_embed is None:
+                    return UnitLayout(self.head_part(plans), False, n).gather(self.head_part(shards), p)
+                own = UnitLayout({"head": plans["head"]}, False, n).gather({"head": shards["head"]}, p)
+                return self.head_part({**own, **kept_embed})
+
+            gather_embed = lambda: UnitLayout({"embed": plans["embed"]}, False, n).gather({"embed": shards["embed"]}, p)
             gather_layer = lambda s: layer_lay.gather(s, p)
             layer_sources = shards["blocks"]
         else:  # weights are already whole on every device: "gathering" is reading them
-            gather_outer_from = lambda _: {k: full[k] for k in OUTER}
+            gather_embed = lambda: {"embed": full["embed"]}
+            gather_head = lambda _: self.head_part(full)
             gather_layer = lambda w: w
             layer_sources = full["blocks"]
         scatter_layer = (lambda g, s: layer_lay.scatter(g, s, p)) if sharded else (lambda g, s: g)
         tokens_BT, targets_BT = batch_BS[:, :-1], batch_BS[:, 1:]
 
-        outer_w = gather_outer_from(shards)
-        x0 = self.embed(outer_w, tokens_BT)
+        # The embedding's backward is a scatter-add into the rows it read: its vjp keeps the
+        # token ids, not the weights, so the outer unit is freed after the embedding...
         keep = self.stage == 3 and not self.reshard_after_forward
+        embed_w = gather_embed()
+        x0, embed_vjp = jax.vjp(lambda w: self.embed(w, tokens_BT), embed_w)
+
+        recompute = self.remat_policy is None
+        structure: dict = {}
+        # Weights enter a block in the compute dtype (as the model would cast them), so that
+        # the only weight-sized residuals of its vjp are the weights themselves.
+        as_compute = lambda w: jax.tree.map(lambda a: a.astype(p.compute), w)
 
         def forward(x, w, _):
-            return self.apply_block(w, x), (x, w if keep else None)
+            if recompute:  # keep only the block's input; the backward recomputes the rest
+                return self.apply_block(w, x), (x, w if keep else None)
+            y, residuals = self.block_forward(as_compute(w), x, structure)
+            return y, (residuals, w if keep else None)
 
         ahead = self.prefetch if self.stage == 3 else 0
-        xL, (inputs, kept) = queued_scan(forward, gather_layer, layer_sources, None, x0, ahead)
-        loss, head_vjp = jax.vjp(lambda w, x: self.head_loss(w, x, targets_BT), outer_w, xL)
-        d_outer, dx = head_vjp(scale.astype(jnp.float32) / self.n_devices)
+        # With the forward's gathered units freed (reshard_after_forward), its last iterations
+        # already gather the backward's first units: no idle tail, one scan over every block.
+        xL, (inputs, kept), queue = queued_scan(forward, gather_layer, layer_sources, (), x0, ahead,
+                                                wrap=ahead > 0 and not keep)
+        # ... and the head gathers what it reads (the tied embedding again), its backward
+        # following at once (with reshard_after_forward=false the forward's copy is kept).
+        head_w = gather_head(embed_w if keep else None)
+        loss, head_vjp = jax.vjp(lambda w, x: self.head_loss(w, x, targets_BT), head_w, xL)
+        d_head, dx = head_vjp(scale.astype(jnp.float32) / self.n_devices)
 
         def backward(dy, w, xs):
-            x, shard = xs
-            _, vjp = jax.vjp(self.apply_block, w, x)
-            dw, dx = vjp(dy)
+            saved, shard = xs
+            if recompute:
+                _, vjp = jax.vjp(self.apply_block, w, saved)
+                dw, dx = vjp(dy)
+            else:
+                dw, dx = self.block_backward(as_compute(w), saved, dy, structure)
             return dx, scatter_layer(dw, shard)
 
-        rev = lambda tree: jax.tree.map(lambda a: a[::-1], tree)
         sources, gather_back = (kept, lambda w: w) if keep else (layer_sources, gather_layer)
         shard_src = shards["blocks"] if sharded else layer_sources
-        dx0, d_blocks = queued_scan(backward, gather_back, rev(sources), (rev(inputs), rev(shard_src)), dx,
-                                    0 if keep else ahead)
-        # The embedding's backward (a scatter-add into the rows it read) needs no weights, so
-        # the outer unit is not gathered again: its forward copy dies after the head's backward.
-        _, embed_vjp = jax.vjp(lambda w: self.embed(w, tokens_BT), outer_w)
-        (d_embed,) = embed_vjp(dx0)
-        d_outer = jax.tree.map(jnp.add, d_outer, d_embed)
+        dx0, d_blocks, _ = queued_scan(backward, gather_back, sources, (inputs, shard_src), dx, 0 if keep else ahead,
+                                       reverse=True, queue=queue or None)
+        (d_outer,) = embed_vjp(dx0)
+        d_outer = {**d_outer, "head": d_head["head"]}
+        if "embed" in d_head:  # the tied embedding's gradient from the head
+            d_outer["embed"] = {**d_outer["embed"], "wte": jax.tree.map(jnp.add, d_outer["embed"]["wte"],
+                                                                         d_head["embed"]["wte"])}
         if sharded:
             d_outer = outer_lay.scatter(d_outer, {k: shards[k] for k in OUTER}, p)
-        grads = {**d_outer, "blocks": rev(d_blocks)}
+        grads = {**d_outer, "blocks": d_blocks}
         return loss / self.n_devices, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
 
 
 def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: dict, loss_fn: Callable, *, grad_accum: int,
-                        prefetch: int, reshard_after_forward: bool):
+                        prefetch: int, reshard_after_forward: bool, remat_policy: Callable | None = None):
     """(master, batch, scale) -> (loss, fp32 gradient of scale x loss in the plan's grad layout),
     computed per device in `jax.shard_map` by the unit schedule of `plan.stage`."""
     n_devices = mesh.shape[REPLICA] * mesh.shape[DATA]
-    schedule = Schedule(plan.stage, policy, plan, units, loss_fn, prefetch, reshard_after_forward, n_devices)
+    schedule = Schedule(plan.stage, policy, plan, units, loss_fn, prefetch, reshard_after_forward, n_devices,
+                        remat_policy)
     outer_lay, _, stack_lay = schedule.layouts()
     outer_of = lambda tree: {k: tree[k] for k in OUTER}
 

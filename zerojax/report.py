@@ -125,9 +125,11 @@ def analyze_table(doc: dict):
                      Text("█" * max(1, round(BAR_WIDTH * m["comm_bytes"] / top)), style="cyan"))
     yield comm
     if "3" in doc["stages"] and "transient_estimate" in doc["stages"]["3"]:
-        est = doc["stages"]["3"]["transient_estimate"]
+        m3 = doc["stages"]["3"]
+        est = m3["transient_estimate"]
         parts = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in est.items())
-        yield (f"stage 3 temporaries: measured {human_bytes(doc['stages']['3']['temp_bytes'])}; "
+        yield (f"stage 3 temporaries (model.remat={m3['remat']}, zero.prefetch={m3['prefetch']}): measured "
+               f"{human_bytes(m3['temp_bytes'])}; "
                f"estimated from shapes: {parts} (sum {human_bytes(sum(est.values()))})")
     if "fits" in doc:
         fits = Table(title=f"Largest depth x width scaling whose compiled peak fits "

@@ -12,8 +12,11 @@ A stage says which copies are split over the `data` axis (they are always replic
 Stage 1 reduces the full gradient once per step (its accumulator holds full gradients, as
 ZeRO-1 keeps them); stage 2 keeps even the accumulator sharded. A sharded leaf is split along
 one dim: the largest dim divisible by the data size, never the stacked layer axis, so that a
-scan over layers slices a layer without communication. A leaf with fewer than
-`min_shard_size` elements stays replicated (its bytes are reported as unsharded). A leaf with no
+scan over layers slices a layer without communication. A parameter with fewer than
+`min_shard_size` elements (per layer, for stacked leaves) stays replicated, as DeepSpeed's
+`stage3_param_persistence_threshold` keeps small parameters whole: norms' scales and biases
+then never wait on a gather, nor keep a unit's gathered buffer alive into the backward pass
+(its bytes are reported as unsharded). A leaf with no
 divisible dim is zero-padded along its largest dim up to a multiple of the data size: the
 stored copies (master, moments) are padded, and `unpad` slices the true shape back wherever
 the values are used, so padding never reaches the loss, a parameter count or an export.
@@ -149,7 +152,8 @@ def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
         name, shape = path_name(path), tuple(x.shape)
         first = 1 if name.split("/")[0] in stacked else 0
         itemsize = jnp.dtype(x.dtype).itemsize
-        if math.prod(shape) < min_shard_size or len(shape) <= first or data_size == 1:
+        # The threshold applies per unit: a stacked leaf is L parameters of one layer each.
+        if math.prod(shape[first:]) < min_shard_size or len(shape) <= first or data_size == 1:
             return LeafPlan(name, shape, shape, None, itemsize)
         dim, stored = choose_dim(shape, data_size, first)
         return LeafPlan(name, shape, stored, dim, itemsize)

@@ -20,7 +20,8 @@ from flax import nnx
 
 from zerojax.precision import Policy
 
-REMAT_POLICIES = {
+REMAT_POLICIES = {  # model.remat: what a block's backward may reuse from its forward
+    "none": jax.checkpoint_policies.everything_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
