@@ -42,7 +42,7 @@ class ModelConfig:
     n_heads: int = 4  # attention heads; must divide d_model
     d_ff: int = 512  # hidden width of the MLP
     seq_len: int = 128  # context length in tokens
-    remat: str = "none"  # activation checkpointing per block: none | full | dots
+    remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
     tie_embeddings: bool = True  # LM head reuses the token embedding matrix
     init_from: str = ""  # start from these weights (not implemented yet: needs checkpoints)
 
