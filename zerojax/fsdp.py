@@ -5,9 +5,9 @@ and gradient are computed by an explicit forward and backward pass over the mode
 (the outer unit, embedding + head, and one unit per transformer block), not by autodiff of the
 whole step, so where weights are gathered and freed is decided here and nowhere else:
 
-    forward:   gather outer; embed; free outer; for each block: gather, compute, free;
-               gather outer again; head; loss
-    backward:  head (outer still gathered), free outer; for each block in reverse: gather
+    forward:   gather the embedding; embed; free it; for each block: gather, compute, free;
+               gather the head (with the tied embedding again); head; loss
+    backward:  head (still gathered), free it; for each block in reverse: gather
                again, vjp, reduce-scatter its gradient, free; embedding vjp (a scatter-add
                into the rows it read: it keeps the token ids, not the weights); reduce-scatter
                the outer gradient
