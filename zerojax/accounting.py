@@ -9,6 +9,7 @@ section 5:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -16,6 +17,12 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from zerojax import mesh as mesh_lib
+from zerojax import step as step_lib
+from zerojax.config import ConfigError
+from zerojax.mesh import DATA
+from zerojax.models.protocol import REMAT_POLICIES
 
 STAGES = (0, 1, 2, 3)
 ALIASES = {0: "NO_SHARD (DDP)", 1: "-", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
@@ -25,7 +32,7 @@ FORMULAS = {0: "(2 + 2 + K)·Ψ", 1: "(2 + 2)·Ψ + K·Ψ/N", 2: "2·Ψ + (2 + K
 def model_state_bytes(stage: int, params: float, devices: int, k: float = 12) -> float:
     """Per-device bytes of model states under ZeRO `stage` (2-byte params and grads, K-byte Adam)."""
     if devices < 1 or params < 0 or k < 0:
-        raise ValueError(f"need params >= 0, devices >= 1 and k >= 0, got {params}, {devices}, {k}")
+        raise ConfigError(f"need params >= 0, devices >= 1 and k >= 0, got {params}, {devices}, {k}")
     psi, n = params, devices
     return {0: (2 + 2 + k) * psi, 1: (2 + 2) * psi + k * psi / n,
             2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}[stage]
@@ -39,22 +46,16 @@ def memory_report(params: float, devices: int, k: float = 12) -> dict:
 
 def count_params(cfg) -> int:
     """Ψ of a config's model, from abstract shapes (nothing is allocated)."""
-    from zerojax.precision import Policy
-    from zerojax.train import build_model
-
-    abstract = nnx.eval_shape(lambda: build_model(cfg, Policy()))
-    return sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    return step_lib.count_params(cfg.model)
 
 
 def compile_step(cfg):
-    """The compiled train step of `cfg` and its setup, from abstract inputs (nothing allocated)."""
-    from zerojax import mesh as mesh_lib, train
-
-    setup = train.prepare(cfg)
-    state = train.init_state(setup, abstract=True)
-    batch = jax.ShapeDtypeStruct((cfg.train.global_batch, cfg.model.seq_len + 1), jnp.int32,
-                                 sharding=mesh_lib.batch_sharding(setup.mesh))
-    return setup, train.make_train_step(setup, state).lower(state, batch).compile()
+    """The compiled train step of `cfg` and its Step, from abstract inputs (nothing allocated)."""
+    step = step_lib.make_step(cfg, mesh_lib.make_mesh(cfg.mesh))
+    state = step_lib.init_state(step, abstract=True)
+    shape = step_lib.batch_shape(cfg)
+    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=mesh_lib.batch_sharding(step.mesh))
+    return step, step_lib.make_train_step(step, state).lower(state, batch).compile()
 
 
 def measure_memory(compiled) -> dict:
@@ -67,101 +68,154 @@ def measure_memory(compiled) -> dict:
 def analyze(cfg, stages_wanted=STAGES, budget_gb: float | None = None) -> dict:
     """The `zerojax analyze --json` document: per stage, measured bytes next to the formulas,
     and with a budget the largest scaling of the model that fits per device."""
-    import dataclasses
-
-    params, stages, setup = count_params(cfg), {}, None
+    params, stages, step = count_params(cfg), {}, None
     for stage in stages_wanted:
         staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
-        setup, compiled = compile_step(staged)
-        stages[str(stage)] = stage_report(setup, compiled, params)
+        step, compiled = compile_step(staged)
+        stages[str(stage)] = stage_report(staged, step, compiled, params)
         stages[str(stage)]["peak_bytes"] = peak_bytes(stages[str(stage)])
-    doc = {"params": params, "devices": setup.mesh.shape["data"], "mesh": dict(setup.mesh.shape),
-           "schedule": cfg.zero.schedule, "regime": regime(setup), "stages": stages,
-           "plan": setup.plan.rows()}  # of the last stage analyzed
+    doc = {"params": params, "devices": step.mesh.shape[DATA], "mesh": dict(step.mesh.shape),
+           "family": cfg.model.family, "schedule": cfg.zero.schedule, "regime": regime(cfg, step),
+           "flops_per_token": model_flops_per_token(cfg), "stages": stages,
+           "plan": step.plan.rows()}  # of the last stage analyzed
     if budget_gb is not None:
         doc["fits"] = {"budget_bytes": budget_gb * 1e9,
                        "stages": {str(s): largest_fitting(cfg, s, budget_gb * 1e9) for s in stages_wanted}}
     return doc
 
 
-def stage_report(setup, compiled, params: int) -> dict:
-    stage, n, z = setup.plan.stage, setup.mesh.shape["data"], setup.cfg.zero
-    comm = collective_bytes(compiled.as_text(), setup.mesh.devices.size)
+def stage_report(cfg, step, compiled, params: int) -> dict:
+    stage, n, z = step.plan.stage, step.mesh.shape[DATA], cfg.zero
+    comm = collective_bytes(compiled.as_text(), step.mesh.devices.size)
     # b_g and b_r as XLA communicates them (the CPU backend moves bf16 as f32), else the policy's.
-    b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), setup.policy.gather.itemsize)
+    b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), step.policy.gather.itemsize)
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
-                          setup.policy.reduce.itemsize)
+                          step.policy.reduce.itemsize)
     explicit = z.schedule == "shard_map"
     return {
         **measure_memory(compiled),
         "formula_bytes": model_state_bytes(stage, params, n),
-        "unsharded_bytes": setup.plan.unsharded_bytes() if stage else 0,
-        "schedule": z.schedule, "remat": setup.cfg.model.remat, "prefetch": z.prefetch,
+        "unsharded_bytes": step.plan.unsharded_bytes() if stage else 0,
+        "schedule": z.schedule, "remat": cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
-        **({"transient_estimate": transient_estimate(setup, b_g, b_r)} if stage == 3 and explicit else {}),
+        **({"transient_estimate": transient_estimate(cfg, step, b_g, b_r)} if stage == 3 and explicit else {}),
     }
 
 
-def transient_estimate(setup, b_gather: int, b_reduce: int) -> dict:
+# ---------------------------------------------------------------------------------------------
+# What a model's units hold and do, traced from the model itself on abstract values.
+
+
+def local_rows(cfg, step) -> int:
+    """Rows of one microbatch on one device."""
+    return cfg.train.global_batch // cfg.train.grad_accum // step.mesh.devices.size
+
+
+def unit_params(step, name: str | None, dtype):
+    """Abstract parameters (true shapes) of the outer unit (None) or of one layer of a stack."""
+    if name is None:
+        return jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, dtype), step.units.outer_of(step.plan.leaves))
+    return jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], dtype), step.plan.leaves[name])
+
+
+def unit_size(step, name: str | None) -> int:
+    """Parameters in the outer unit (None) or in one layer of stack `name`."""
+    return sum(math.prod(p.shape) for p in jax.tree.leaves(unit_params(step, name, jnp.float32)))
+
+
+def stack_inputs(cfg, step, rows: int) -> dict:
+    """Per stack, the (abstract) activations a layer takes, for `rows` rows on one device."""
+    units, compute = step.units, step.policy.compute
+    shape = step_lib.batch_shape(cfg)
+    batch = jax.ShapeDtypeStruct((rows,) + shape.shape[1:], shape.dtype)
+
+    def trace(outer):
+        x, xs = units.enter(outer, batch), {}
+        for k, name in enumerate(units.names):
+            x = units.between(outer, name, x, batch) if k else x
+            xs[name] = x  # a block keeps its input's shapes: the next stack's glue takes the same
+        return xs
+
+    return jax.eval_shape(trace, unit_params(step, None, compute))
+
+
+def nbytes(tree) -> int:
+    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def compiled_temp(fn, *args) -> int:
+    """XLA's temporary bytes for `fn` on one device: a unit's working set, measured."""
+    return int(jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes)
+
+
+def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
     """Stage 3 under the explicit schedule: what its temporaries should be made of, per device,
-    from the shapes (an estimate to read next to XLA's measured temp_bytes)."""
-    cfg, m, plan = setup.cfg, setup.cfg.model, setup.plan
-    n_dev = setup.mesh.devices.size
-    rows = cfg.train.global_batch // cfg.train.grad_accum // n_dev
-    tokens = rows * m.seq_len
-    unit = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(plan.leaves["blocks"]))
-    outer = sum(math.prod(leaf.shape) for u in ("embed", "head") for leaf in jax.tree.leaves(plan.leaves[u]))
-    block_work = 4 * (2 * rows * m.n_heads * m.seq_len**2 + 2 * tokens * m.d_ff + 6 * tokens * m.d_model)
+    from the model's own units (an estimate to read next to XLA's measured temp_bytes)."""
+    rows, units, compute = local_rows(cfg, step), step.units, step.policy.compute
+    xs = stack_inputs(cfg, step, rows)
+    depth = {name: jax.tree.leaves(step.plan.leaves[name])[0].shape[0] for name in units.names}
+    layer = max(unit_size(step, name) for name in units.names)
+    shape = step_lib.batch_shape(cfg)
+    batch = jax.ShapeDtypeStruct((rows,) + shape.shape[1:], shape.dtype)
+
+    def block_vjp(name):
+        return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](x)
+
+    exit_grad = jax.grad(lambda w, x: units.exit(w, x, batch)[0], argnums=(0, 1))
+    last = units.names[-1]
+    work = max(compiled_temp(block_vjp(name), unit_params(step, name, compute), xs[name]) for name in units.names)
+    work += compiled_temp(exit_grad, unit_params(step, None, compute), xs[last])
+    saved = sum(depth[name] * saved_per_block(cfg, step, name, xs[name]) for name in units.names)
+    keep_outer = 0 if cfg.zero.reshard_after_forward else unit_size(step, None)
     return {
-        "activations": m.n_layers * saved_per_block(setup, rows) + block_work + 2 * tokens * m.vocab_size * 4,
-        # in the blocks' backward: the unit and its prefetched successors (and, kept from the
-        # forward with reshard_after_forward=false, the outer unit)
-        "gathered_units": ((1 + cfg.zero.prefetch) * unit + (0 if cfg.zero.reshard_after_forward else outer)) * b_gather,
-        "unit_gradient": 2 * unit * b_reduce,  # the block's gradient and its flat layout
+        "activations": saved + work,  # what the blocks keep, plus one block's and the loss's working set
+        # in the backward: the unit and its prefetched successors (and, kept from the forward
+        # with reshard_after_forward=false, the outer unit)
+        "gathered_units": ((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather,
+        "unit_gradient": 2 * layer * b_reduce,  # the unit's gradient and its flat layout
         # the fp32 gradient shards, alive from the backward until the in-place Adam update
-        "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(plan.leaves)) // plan.data_size,
+        "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(step.plan.leaves)) // step.plan.data_size,
     }
 
 
-def saved_per_block(setup, rows: int) -> int:
-    """Bytes one block keeps for its backward pass under `model.remat` in the explicit schedule:
-    its input (full), or its vjp's residuals without the weights (dots, none), traced from the
-    block itself on abstract values."""
+def saved_per_block(cfg, step, name: str, x) -> int:
+    """Bytes one layer of stack `name` keeps for its backward under `model.remat` in the explicit
+    schedule: its input (full), or its vjp's residuals without the weights (dots, none), traced
+    from the block itself on abstract values."""
     from zerojax import fsdp
-    from zerojax.models.gpt import REMAT_POLICIES
 
-    m, compute = setup.cfg.model, setup.policy.compute
-    x = jax.ShapeDtypeStruct((rows, m.seq_len, m.d_model), compute)
-    if m.remat == "full":
-        return x.size * x.dtype.itemsize
-    w = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], compute), setup.plan.leaves["blocks"])
-    apply = lambda w, x: nnx.merge(setup.units["block"], w)(x)
-    residuals = jax.eval_shape(lambda w, x: fsdp.block_residuals(apply, REMAT_POLICIES[m.remat], w, x)[1], w, x)
-    return sum(r.size * r.dtype.itemsize for r in residuals)
+    if cfg.model.remat == "full":
+        return nbytes(x)
+    w = unit_params(step, name, step.policy.compute)
+    apply = lambda w, x: step.units.block(name, w, x)
+    residuals = jax.eval_shape(lambda w, x: fsdp.block_residuals(apply, REMAT_POLICIES[cfg.model.remat], w, x)[1], w, x)
+    return nbytes(residuals)
 
 
-def regime(setup) -> dict:
-    """Which bytes a block should move: its weights (ZeRO-3) or its activations.
+def regime(cfg, step) -> dict:
+    """Which bytes a unit should move: its weights (ZeRO-3) or its activations.
 
-    Per block and step, ZeRO-3 sends about 3 x its weights (two gathers and a reduce-scatter).
+    Per unit and step, ZeRO-3 sends about 3 x its weights (two gathers and a reduce-scatter).
     Moving activations instead (tensor-parallel style, which GSPMD may pick on its own) sends
-    about 3 passes x 4 matmul inputs x the data group's tokens x d_model. With few tokens per
-    device the second is smaller, and ZeRO-3 is the wrong schedule for that shape."""
-    cfg, n_dev = setup.cfg, setup.mesh.devices.size
-    block = sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(setup.plan.leaves["blocks"]))
-    tokens = cfg.train.global_batch // cfg.train.grad_accum * cfg.model.seq_len // n_dev
-    weight_bytes = 3 * block * setup.policy.gather.itemsize
-    activation_bytes = 3 * 4 * setup.mesh.shape["data"] * tokens * cfg.model.d_model * setup.policy.compute.itemsize
+    about 3 passes x 4 matmul inputs x the data group's activations. With few tokens per device
+    the second is smaller, and ZeRO-3 is the wrong schedule for that shape."""
+    rows = local_rows(cfg, step)
+    xs = stack_inputs(cfg, step, rows)
+    name = max(step.units.names, key=lambda n: unit_size(step, n))  # the largest unit decides
+    weight_bytes = 3 * unit_size(step, name) * step.policy.gather.itemsize
+    x_elements = sum(x.size for x in jax.tree.leaves(xs[name]))
+    activation_bytes = 3 * 4 * step.mesh.shape[DATA] * x_elements * step.policy.compute.itemsize
+    tokens = rows * cfg.model.seq_len
     moving_weights = weight_bytes <= activation_bytes
     return {"unit_weight_bytes": weight_bytes, "unit_activation_bytes": activation_bytes,
             "tokens_per_device": tokens,
             "regime": "weight-gathering" if moving_weights else "activation-moving",
-            "advice": (f"ZeRO-3 / FSDP is the right schedule: a block's weights ({weight_bytes:,} B per step) "
+            "advice": (f"ZeRO-3 / FSDP is the right schedule: a unit's weights ({weight_bytes:,} B per step) "
                        f"move fewer bytes than its activations would ({activation_bytes:,} B)")
             if moving_weights else
-            (f"few tokens per device ({tokens}): moving a block's activations ({activation_bytes:,} B per step) "
+            (f"few tokens per device ({tokens}): moving a unit's activations ({activation_bytes:,} B per step) "
              f"sends less than gathering its weights ({weight_bytes:,} B); tensor parallelism (or GSPMD's own "
              "choice, zero.schedule=gspmd) fits this shape better, or raise train.global_batch")}
 
@@ -311,8 +365,6 @@ def peak_bytes(memory: dict) -> int:
 
 def scaled(cfg, factor: float):
     """`cfg` with depth and width both multiplied by `factor` (widths rounded to 8 x heads)."""
-    import dataclasses
-
     m, quantum = cfg.model, 8 * cfg.model.n_heads
     d_model = max(quantum, round(m.d_model * factor / quantum) * quantum)
     model = dataclasses.replace(m, d_model=d_model, d_ff=max(8, round(m.d_ff * d_model / m.d_model)),
@@ -323,8 +375,6 @@ def scaled(cfg, factor: float):
 def largest_fitting(cfg, stage: int, budget_bytes: float, max_steps: int = 12) -> dict | None:
     """The largest depth x width scaling of `cfg` whose compiled step's peak fits `budget_bytes`
     per device under `stage`: factors 2^(k/3) (about 2x the parameters per step), compile only."""
-    import dataclasses
-
     best = None
     for k in range(max_steps):
         trial = scaled(dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage)), 2 ** (k / 3))
@@ -335,6 +385,25 @@ def largest_fitting(cfg, stage: int, budget_bytes: float, max_steps: int = 12) -
         best = {"scale": round(2 ** (k / 3), 3), "d_model": trial.model.d_model, "d_ff": trial.model.d_ff,
                 "n_layers": trial.model.n_layers, "params": count_params(trial), "peak_bytes": peak}
     return best
+
+
+def model_flops_per_token(cfg) -> float:
+    """Training FLOPs per token for MFU: the model's own `flops_per_token(seq_len)` where it has
+    one (GPT, Llama: PaLM's formula), else 3x the forward's FLOPs in XLA's cost analysis of the
+    traced loss (forward + backward ≈ 3 forwards), per token of the batch."""
+    policy = step_lib.Policy()
+    model = step_lib.abstract_model(cfg.model, policy)
+    if callable(getattr(model, "flops_per_token", None)):
+        return float(model.flops_per_token(cfg.model.seq_len))
+    from zerojax.models import protocol
+
+    units = protocol.Units.of(model)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    shape = step_lib.batch_shape(cfg)
+    batch = jax.ShapeDtypeStruct((1,) + shape.shape[1:], shape.dtype)
+    cost = jax.jit(lambda p, b: protocol.forward(units, p, b)[0]).lower(params, batch).cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return 3 * float(cost["flops"]) / cfg.model.seq_len
 
 
 def flops_per_token(params: float, n_layers: int, seq_len: int, d_model: int) -> float:

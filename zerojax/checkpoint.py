@@ -8,7 +8,8 @@ run's plan (mesh, stage, schedule may all differ) and lets orbax read every arra
 into its new sharding; padding for the new data size is applied afterwards. There is no RNG
 state to save: batches depend only on (seed, step) and the model has no dropout.
 
-The run loop in `train.py` calls this module (which imports nothing from `train.py`).
+The run loop in `train.py` calls this module with what each call needs (the plan, the mesh, the
+state); it imports nothing from `step.py` or `train.py`.
 
 Orbax writes a step into a temporary directory and renames it when complete, so a run killed
 mid-save leaves no half checkpoint that could be mistaken for a complete one.
@@ -27,7 +28,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
 import zerojax
-from zerojax import config as config_lib
+from zerojax.config import ConfigError
 from zerojax import sharding as sharding_lib
 
 
@@ -43,14 +44,14 @@ def _savable_spec(leaf: sharding_lib.LeafPlan, sharded: bool) -> P:
     return spec if leaf.dim is None or not leaf.padded else P()
 
 
-def saved_state(setup, state) -> dict:
-    """The state as saved: padding sliced off, each leaf in a layout its true shape allows."""
-    plan, sharded = setup.plan, setup.plan.layout.master
+def saved_state(plan: sharding_lib.Plan, mesh, state):
+    """The state as saved (padding sliced off, each leaf in a layout its true shape allows): the
+    function that makes it from a TrainState, its shardings, and its abstract value."""
+    sharded = plan.layout.master
 
     def view(state):
-        unpad = lambda leaf, x: x[tuple(slice(0, t) for t in leaf.shape)]
         return {"step": state.step, "params": plan.unpad(state.params), "skipped": state.skipped,
-                "opt_state": sharding_lib.map_like_params(state.opt_state, plan, unpad),
+                "opt_state": sharding_lib.map_like_params(state.opt_state, plan, lambda leaf, x: leaf.unpad(x)),
                 "loss_scale": state.loss_scale}
 
     abstract = jax.eval_shape(view, state)
@@ -59,21 +60,25 @@ def saved_state(setup, state) -> dict:
              "opt_state": sharding_lib.map_like_params(abstract["opt_state"], plan,
                                                        lambda leaf, _: _savable_spec(leaf, sharded),
                                                        lambda _: P(), stored=False)}
-    return view, sharding_lib.named(setup.mesh, specs), abstract
+    return view, sharding_lib.named(mesh, specs), abstract
 
 
-def metadata(setup, step: int) -> dict:
-    shapes = {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves)}
+def param_shapes(plan: sharding_lib.Plan) -> dict:
+    return {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(plan.leaves)}
+
+
+def metadata(plan: sharding_lib.Plan, step: int, config: dict) -> dict:
     return {"format": "zerojax-checkpoint", "zerojax_version": zerojax.__version__, "step": step,
-            "config": config_lib.to_dict(setup.cfg), "param_shapes": shapes}
+            "config": config, "param_shapes": param_shapes(plan)}
 
 
-def save(mgr: ocp.CheckpointManager, setup, state, step: int) -> None:
-    """Start an asynchronous save of `state` as checkpoint `step` (training goes on)."""
-    view, shardings, _ = saved_state(setup, state)
+def save(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, state, step: int, config: dict) -> None:
+    """Start an asynchronous save of `state` as checkpoint `step` (training goes on); `config`
+    is the resolved config, kept in the metadata."""
+    view, shardings, _ = saved_state(plan, mesh, state)
     saved = jax.jit(view, out_shardings=shardings)(state)
     mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(saved),
-                                           meta=ocp.args.JsonSave(metadata(setup, step))), force=True)
+                                           meta=ocp.args.JsonSave(metadata(plan, step, config))), force=True)
 
 
 def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
@@ -81,36 +86,36 @@ def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
     try:
         meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as err:  # noqa: BLE001 - orbax raises many kinds; all mean "unreadable"
-        raise ValueError(f"checkpoint {where} is unreadable ({type(err).__name__}); delete that directory "
-                         "to resume from the one before, or set train.resume=never in a new train.out_dir") from None
+        raise ConfigError(f"checkpoint {where} is unreadable ({type(err).__name__}); delete that directory "
+                          "to resume from the one before, or set train.resume=never in a new train.out_dir") from None
     if not isinstance(meta, dict) or meta.get("format") != "zerojax-checkpoint":
-        raise ValueError(f"{where} is not a zerojax checkpoint (no zerojax metadata)")
+        raise ConfigError(f"{where} is not a zerojax checkpoint (no zerojax metadata)")
     return meta
 
 
-def restore(mgr: ocp.CheckpointManager, setup, step: int, abstract_state, shardings):
-    """Checkpoint `step` read straight into `setup`'s plan (any mesh, stage or schedule), as a
-    state like `abstract_state` laid out by `shardings`."""
+def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int, abstract_state, shardings):
+    """Checkpoint `step` read straight into `plan` on `mesh` (any mesh, stage or schedule), as a
+    state like `abstract_state` (a TrainState) laid out by `shardings`."""
     meta = read_metadata(mgr, step)
-    want = {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves)}
+    want = param_shapes(plan)
     if meta["param_shapes"] != want:
-        diff = sorted(set(map(tuple, meta["param_shapes"].items())) ^ set(map(tuple, want.items())))[:2]
-        raise ValueError(f"checkpoint {Path(mgr.directory) / str(step)} holds a different model than the config "
-                         f"asks for (e.g. {diff}); use the saved run's model settings or a new train.out_dir")
-    _, saved_layout, abstract = saved_state(setup, abstract_state)
+        diff = sorted(set((k, tuple(v)) for k, v in meta["param_shapes"].items()) ^
+                      set((k, tuple(v)) for k, v in want.items()))[:2]
+        raise ConfigError(f"checkpoint {Path(mgr.directory) / str(step)} holds a different model than the config "
+                          f"asks for (e.g. {diff}); use the saved run's model settings or a new train.out_dir")
+    _, saved_layout, abstract = saved_state(plan, mesh, abstract_state)
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, saved_layout)
     try:
         saved = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
     except Exception as err:  # noqa: BLE001
-        raise ValueError(f"checkpoint {Path(mgr.directory) / str(step)} cannot be restored ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]}); delete it to resume from the one before") from None
-    plan = setup.plan
+        raise ConfigError(f"checkpoint {Path(mgr.directory) / str(step)} cannot be restored ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200]}); delete it to resume from the one before") from None
 
     def into_plan(saved):
-        pad = lambda leaf, x: jnp.pad(x, [(0, s - t) for s, t in zip(leaf.stored, leaf.shape)])
-        return type(abstract_state)(saved["step"], plan.pad(saved["params"]),
-                                    sharding_lib.map_like_params(saved["opt_state"], plan, pad, stored=False),
-                                    saved["skipped"], saved["loss_scale"])
+        return abstract_state._replace(
+            step=saved["step"], params=plan.pad(saved["params"]), skipped=saved["skipped"],
+            opt_state=sharding_lib.map_like_params(saved["opt_state"], plan, lambda leaf, x: leaf.pad(x), stored=False),
+            loss_scale=saved["loss_scale"])
 
     return jax.jit(into_plan, out_shardings=shardings)(saved)
 
@@ -126,11 +131,11 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     a time onto one device (host memory bounded by the largest leaf, not the model)."""
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
-        raise ValueError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
+        raise ConfigError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
     mgr = manager(run_dir, keep=1_000_000, create=False)
     steps = mgr.all_steps()
     if not steps or (step is not None and step not in steps):
-        raise ValueError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "
+        raise ConfigError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "
                          f"(complete steps: {sorted(steps) or 'none'})")
     step = max(steps) if step is None else step
     shapes = read_metadata(mgr, step)["param_shapes"]
@@ -175,17 +180,17 @@ def load_safetensors(path: str, plan: sharding_lib.Plan) -> dict:
     from safetensors import safe_open
 
     if not Path(path).is_file():
-        raise ValueError(f"model.init_from={path!r}: no such file")
+        raise ConfigError(f"model.init_from={path!r}: no such file")
     params = {}
     with safe_open(path, framework="numpy") as f:
         names = set(f.keys())
         for leaf in jax.tree.leaves(plan.leaves):
             if leaf.path not in names:
-                raise ValueError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
+                raise ConfigError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
                                  "a run of this model?")
             value = f.get_tensor(leaf.path)
             if tuple(value.shape) != leaf.shape:
-                raise ValueError(f"model.init_from={path!r}: {leaf.path} has shape {list(value.shape)}, the model "
+                raise ConfigError(f"model.init_from={path!r}: {leaf.path} has shape {list(value.shape)}, the model "
                                  f"needs {list(leaf.shape)}")
             _merge(params, leaf.path, np.asarray(value, np.float32))
     return params

@@ -1,8 +1,8 @@
 """The `zerojax` command line (DESIGN §4).
 
-Bad input (a ValueError/TypeError from config loading or run preparation, or an argparse
-error) prints one `zerojax: error: ...` line on stderr and exits 2 before anything is written;
-any other failure exits 1 with its traceback.
+Bad input (a `ConfigError` from anywhere in zerojax, or an argparse error) prints one
+`zerojax: error: ...` line on stderr and exits 2 before anything is written; any other failure,
+including a bug in a user's model, exits 1 with its traceback.
 """
 
 from __future__ import annotations
@@ -121,19 +121,18 @@ def cmd_train(args) -> int:
     from zerojax import mesh
 
     xla_preset(args)
+    cfg = config.load(args.config, args.overrides)
     try:
-        cfg = config.load(args.config, args.overrides)
         mesh.init_distributed(cfg.mesh, args.coordinator, args.num_processes, args.process_id)
         setup = train.prepare(cfg)
-    except (ValueError, TypeError) as err:
-        raise UsageError(str(err)) from None
     except mesh.DistributedError as err:
         print(f"zerojax: error: {err}", file=sys.stderr)
         return 1
     if jax_process_index() != 0:  # process 0 speaks for the run
         sys.stdout = open(os.devnull, "w")
-    print(f"zerojax: training {cfg.name}: {setup.mesh.devices.size} {setup.mesh.devices.flat[0].platform} "
-          f"devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, compute {setup.policy.compute.name}")
+    print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
+          f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, "
+          f"compute {setup.step.policy.compute.name}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)
@@ -160,10 +159,7 @@ def cmd_memory(args) -> int:
     if args.k < 0:
         raise UsageError(f"--k {args.k} must be >= 0 (Adam with fp32 master: 12)")
     if args.config is not None:
-        try:
-            cfg = config.load(args.config, args.overrides)
-        except (ValueError, TypeError) as err:
-            raise UsageError(str(err)) from None
+        cfg = config.load(args.config, args.overrides)
         params = accounting.count_params(cfg)
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
@@ -175,15 +171,11 @@ def cmd_memory(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from zerojax import accounting, config, report, train
+    from zerojax import accounting, config, report
 
     xla_preset(args)
     overrides = args.overrides + ([f"zero.schedule={args.schedule}"] if args.schedule else [])
-    try:
-        cfg = config.load(args.config, overrides)
-        train.prepare(cfg)  # bad input surfaces here, before any compilation
-    except (ValueError, TypeError) as err:
-        raise UsageError(str(err)) from None
+    cfg = config.load(args.config, overrides)  # bad input surfaces here and in make_step, before compiling
     report.emit(accounting.analyze(cfg, args.stages, args.budget_gb), args.json, report.analyze_table)
     return 0
 
@@ -197,10 +189,7 @@ def cmd_export(args) -> int:
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors")
-    try:
-        done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']}: {done['tensors']} tensors, {done['params']:,} parameters "
           f"({args.dtype}) from step {done['step']}")
@@ -212,10 +201,7 @@ def cmd_formats(args) -> int:
 
     if not args.values and not args.table:
         raise UsageError("give values to store (e.g. zerojax formats 0.1 70000 1e-8) or --table")
-    try:
-        doc = formats.explain(args.values)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    doc = formats.explain(args.values)
     if args.table:
         doc = {**({"values": doc["values"]} if args.values else {}), "formats": formats.table()}
     report.emit(doc, args.json, report.formats_tables)
@@ -227,12 +213,14 @@ COMMANDS = {"train": cmd_train, "memory": cmd_memory, "analyze": cmd_analyze, "e
 
 
 def main(argv: list[str] | None = None) -> int:
+    from zerojax.config import ConfigError
+
     logging.basicConfig(format="zerojax: %(levelname)s: %(message)s", level=logging.WARNING)
     logging.addLevelName(logging.WARNING, "warning")
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
-    except UsageError as err:
+    except (UsageError, ConfigError) as err:
         print(f"zerojax: error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:

@@ -3,8 +3,10 @@
 The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them out). A YAML
 file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are
 parsed to the field's type. Every section checks itself in `__post_init__`; checks that need
-the mesh (batch divisibility) live where the mesh is known (`train.prepare`). All user errors
-are `ValueError`s whose message names the key, the value and what would be valid.
+the mesh (batch divisibility) live where the mesh is known (`train.prepare`). Bad input, here and
+everywhere else in zerojax, is a `ConfigError` whose message names the key (or path), the value
+and what would be valid; the CLI turns it into one `zerojax: error:` line and exit code 2. Any
+other exception (a bug, in zerojax or in a user's model) keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,43 +21,61 @@ from typing import Any
 
 import yaml
 
+class ConfigError(ValueError):
+    """Bad input: a config key, value, file or checkpoint that cannot be used as given."""
+
+
 DTYPES = ("float32", "bfloat16", "float16")
+BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
+RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _choice(key: str, value: Any, valid: tuple) -> None:
     if value not in valid:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(map(str, valid))}")
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(str, valid))}")
 
 
 def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
-        raise ValueError(f"{key}={value!r} is not valid; it must be >= {low}")
+        raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: str = "gpt"  # model family; only the decoder-only GPT exists
+    family: str = "gpt"  # gpt | llama | module:factory (a model of your own, README "Bring your own model")
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
     n_heads: int = 4  # attention heads; must divide d_model
-    d_ff: int = 512  # hidden width of the MLP
+    n_kv_heads: int = 0  # llama: key/value heads (grouped-query attention); 0 = n_heads
+    d_ff: int = 512  # hidden width of the MLP (llama: SwiGLU's intermediate size)
     seq_len: int = 128  # context length in tokens
+    rope_theta: float = 10000.0  # llama: rotary embedding base
+    norm_eps: float = 1e-5  # llama: RMSNorm epsilon
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
-    tie_embeddings: bool = True  # LM head reuses the token embedding matrix
-    init_from: str = ""  # start from these weights (not implemented yet: needs checkpoints)
+    tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false)
+    init_from: str = ""  # start from these weights: a `zerojax export` safetensors file
 
     def __post_init__(self):
-        _choice("model.name", self.name, ("gpt",))
+        if self.family not in BUILTIN_FAMILIES and ":" not in self.family:
+            raise ConfigError(f"model.family={self.family!r} is not valid; choose one of "
+                              f"{', '.join(BUILTIN_FAMILIES)}, or module:factory for a model of your own")
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"):
             _at_least(f"model.{key}", getattr(self, key), 1)
+        _at_least("model.n_kv_heads", self.n_kv_heads, 0)
+        for key in ("rope_theta", "norm_eps"):
+            if not 0 < getattr(self, key) < float("inf"):
+                raise ConfigError(f"model.{key}={getattr(self, key)} must be a finite number > 0")
         _choice("model.remat", self.remat, ("none", "full", "dots"))
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}; "
                 f"try model.n_heads={_largest_divisor(self.d_model, self.n_heads)}"
             )
+        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
+                              f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,12 +85,12 @@ class DataConfig:
 
     def __post_init__(self):
         if self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy"):
-            raise ValueError(
+            raise ConfigError(
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
                 "or a .bin/.npy token file"
             )
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +149,7 @@ class PrecisionConfig:
         if isinstance(self.loss_scale, str):
             _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
         elif not self.loss_scale > 0:
-            raise ValueError(f"precision.loss_scale={self.loss_scale} must be > 0, 'dynamic' or 'none'")
+            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be > 0, 'dynamic' or 'none'")
         _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
         _at_least("precision.hysteresis", self.hysteresis, 1)
         _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
@@ -145,13 +165,13 @@ class OptimConfig:
     clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
     warmup_steps: int = 50  # linear warmup from 0 to lr
     schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
-    freeze: tuple[str, ...] = ()  # parameter-path patterns that are not trained (not implemented yet)
+    freeze: tuple[str, ...] = ()  # parameter-path patterns (or unit names) that are not trained
 
     def __post_init__(self):
         _at_least("optim.lr", self.lr, 0.0)
         for key in ("b1", "b2"):
             if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
+                raise ConfigError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
         _at_least("optim.eps", self.eps, 0.0)
         _at_least("optim.weight_decay", self.weight_decay, 0.0)
         _at_least("optim.clip_norm", self.clip_norm, 0.0)
@@ -183,7 +203,7 @@ class TrainConfig:
         _at_least("train.keep", self.keep, 1)
         _choice("train.resume", self.resume, ("auto", "never"))
         if self.global_batch % self.grad_accum:
-            raise ValueError(
+            raise ConfigError(
                 f"train.global_batch={self.global_batch} must be divisible by "
                 f"train.grad_accum={self.grad_accum}"
             )
@@ -203,7 +223,7 @@ class Config:
     def __post_init__(self):
         byte_corpus = self.data.source == "stdlib" or self.data.source.endswith(".txt")
         if byte_corpus and self.model.vocab_size < 256:
-            raise ValueError(
+            raise ConfigError(
                 f"model.vocab_size={self.model.vocab_size} is too small for the byte corpus "
                 f"data.source={self.data.source}; it needs model.vocab_size >= 256"
             )
@@ -234,7 +254,7 @@ def valid_keys() -> list[str]:
 def _unknown_key(key: str) -> ValueError:
     close = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else "; see configs/tiny.yaml for every key"
-    return ValueError(f"unknown config key '{key}'{hint}")
+    return ConfigError(f"unknown config key '{key}'{hint}")
 
 
 def _field_type(cls: type, name: str) -> Any:
@@ -243,11 +263,15 @@ def _field_type(cls: type, name: str) -> Any:
 
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Parse `value` (a YAML scalar or a command-line string) to the field type `typ`."""
-    bad = ValueError(f"{key} expects {_type_name(typ)}, got {value!r}")
+    bad = ConfigError(f"{key} expects {_type_name(typ)}, got {value!r}")
+    if isinstance(typ, types.UnionType) and type(None) in typ.__args__:  # bool | None: null/auto = default
+        if value is None or str(value).strip().lower() in ("", "null", "none", "auto"):
+            return None
+        return coerce(key, value, next(t for t in typ.__args__ if t is not type(None)))
     if isinstance(typ, types.UnionType):  # str | float: a number if it parses as one
         try:
             return coerce(key, value, float)
-        except ValueError:
+        except ConfigError:
             return coerce(key, value, str)
     if typ is bool:
         if isinstance(value, bool):
@@ -286,6 +310,8 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
 
 
 def _type_name(typ: Any) -> str:
+    if isinstance(typ, types.UnionType) and type(None) in typ.__args__:
+        return _type_name(next(t for t in typ.__args__ if t is not type(None))) + " (or null: the default)"
     if isinstance(typ, types.UnionType):
         return "a number or one of its named values"
     if typing.get_origin(typ) is tuple:
@@ -301,6 +327,8 @@ def _set(tree: dict, key: str, value: Any) -> None:
         return
     if len(parts) != 2 or parts[0] not in SECTIONS:
         raise _unknown_key(key)
+    if key in RENAMED:
+        raise ConfigError(f"{key} was replaced by {RENAMED[key]}; use {RENAMED[key].split()[0]}=...")
     section, name = parts
     cls = _section_class(section)
     if name not in {f.name for f in dataclasses.fields(cls)}:
@@ -317,7 +345,7 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping of config sections, got {type(doc).__name__}")
+        raise ConfigError(f"{path}: expected a mapping of config sections, got {type(doc).__name__}")
     flat = {}
     for section, body in doc.items():
         if section == "name":
@@ -325,7 +353,7 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
         elif isinstance(body, dict):
             flat.update({f"{section}.{k}": v for k, v in body.items()})
         elif section in SECTIONS:
-            raise ValueError(f"{path}: section '{section}' must be a mapping of keys")
+            raise ConfigError(f"{path}: section '{section}' must be a mapping of keys")
         else:
             raise _unknown_key(str(section))
     return flat
@@ -334,7 +362,7 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
 def parse_override(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise ValueError(f"override {text!r} is not KEY=VALUE (e.g. zero.stage=1)")
+        raise ConfigError(f"override {text!r} is not KEY=VALUE (e.g. zero.stage=1)")
     return key.strip(), value
 
 
@@ -344,11 +372,11 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
+            raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
             doc = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
-            raise ValueError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+            raise ConfigError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
         tree["name"] = path.stem
         for key, value in _flatten_yaml(doc, path).items():
             _set(tree, key, value)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zerojax.config import ConfigError
+
 TRAIN, EVAL = 0, 1  # generator streams
 
 
@@ -46,12 +48,12 @@ def read_tokens(source: str) -> tuple[np.ndarray, int]:
         return np.frombuffer(b"".join(f.read_bytes() for f in stdlib_files()), np.uint8), 256
     path = Path(source)
     if not path.is_file():
-        raise ValueError(f"data.source={source!r}: no such file")
+        raise ConfigError(f"data.source={source!r}: no such file")
     if path.suffix == ".txt":
         return np.frombuffer(path.read_bytes(), np.uint8), 256
     tokens = np.memmap(path, np.uint16, mode="r") if path.suffix == ".bin" else np.load(path, mmap_mode="r")
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"data.source={source!r} must hold a 1-D integer token array, got {tokens.dtype}{list(tokens.shape)}")
+        raise ConfigError(f"data.source={source!r} must hold a 1-D integer token array, got {tokens.dtype}{list(tokens.shape)}")
     return tokens, int(tokens.max()) + 1 if tokens.size else 0
 
 
@@ -61,7 +63,7 @@ def load_corpus(source: str, val_fraction: float, seq_len: int) -> Corpus:
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
     for split, arr in (("training", train), ("validation", val)):
         if len(arr) < seq_len + 2:
-            raise ValueError(
+            raise ConfigError(
                 f"data.source={source!r}: the {split} split has {len(arr)} tokens, fewer than "
                 f"model.seq_len+2={seq_len + 2}; use a bigger corpus or a shorter model.seq_len"
             )

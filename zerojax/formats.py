@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from zerojax.config import ConfigError
+
 FORMATS = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 LABELS = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16",
           "float8_e4m3fn": "FP8 E4M3", "float8_e5m2": "FP8 E5M2"}
@@ -95,7 +97,7 @@ def parse_value(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a number; give values like 0.1, 70000, 1e-8 or -3.5") from None
+        raise ConfigError(f"{text!r} is not a number; give values like 0.1, 70000, 1e-8 or -3.5") from None
 
 
 def _json_number(x: float | None):

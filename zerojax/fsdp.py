@@ -2,18 +2,20 @@
 
 Each device holds its shards of the fp32 master weights and its rows of the batch. The loss
 and gradient are computed by an explicit forward and backward pass over the model's units
-(the outer unit, embedding + head, and one unit per transformer block), not by autodiff of the
-whole step, so where weights are gathered and freed is decided here and nowhere else:
+(`zerojax.models.protocol`: the outer unit, every parameter outside the stacks, and one unit
+per layer of each stack), not by autodiff of the whole step, so where weights are gathered and
+freed is decided here and nowhere else:
 
-    forward:   gather the embedding; embed; free it; for each block: gather, compute, free;
-               gather the head (with the tied embedding again); head; loss
-    backward:  head (still gathered), free it; for each block in reverse: gather
-               again, vjp, reduce-scatter its gradient, free; embedding vjp (a scatter-add
-               into the rows it read: it keeps the token ids, not the weights); reduce-scatter
-               the outer gradient
+    forward:   gather the outer unit; enter; free it (after the last `between`, with several
+               stacks); for each layer of each stack: gather, compute, free;
+               gather the outer unit again; exit (the loss)
+    backward:  exit's vjp (outer unit still gathered), free it; for each layer in reverse:
+               gather again, vjp, reduce-scatter its gradient, free; the glue's and enter's
+               vjps (for a token embedding a scatter-add into the rows it read: it keeps the
+               token ids, not the weights); reduce-scatter the outer unit's gradient
 
 Every unit is thus gathered twice per step and reduce-scattered once, as DESIGN §2 counts
-(FSDP likewise keeps its root unit gathered from the head's forward into its backward).
+(FSDP likewise keeps its root unit gathered from the loss's forward into its backward).
 
 A unit's gather is one `all_gather` of one flat buffer holding all its sharded leaves (in
 `precision.gather`), and its gradient one `psum_scatter` of the same layout (in
@@ -28,7 +30,7 @@ i computes (a queue of k gathered units carried through the scan), so XLA's asyn
 can overlap it with compute; the forward's last k iterations already gather the backward's
 first k units.
 
-Stages pick what "gather" and "scatter" mean (master layout from `zerojax.sharding`):
+The stage's table (`zerojax.sharding.LAYOUTS`) picks what "gather" and "scatter" mean, once:
     3  gather = all_gather per unit per pass; scatter = psum_scatter per unit
     2  weights all-gathered once per step; scatter = psum_scatter per unit in the backward
     1  weights all-gathered once per step; full local gradients (accumulated over
@@ -42,20 +44,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from zerojax.mesh import BATCH_AXES
+from zerojax.mesh import BATCH_AXES, DATA, REPLICA
+from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
-from zerojax.sharding import DATA, LeafPlan, Plan
-
-REPLICA = "replica"
-ALL = jax.checkpoint_policies.everything_saveable  # remat=none: the block's vjp saves what it needs
-OUTER = ("embed", "head")  # the outer unit: its gradient is reduce-scattered once, at the end
+from zerojax.sharding import LeafPlan, Plan, microbatches
 
 
 @dataclass(frozen=True)
@@ -77,9 +75,6 @@ class UnitLayout:
     def dim(self, p: LeafPlan) -> int:
         return p.dim - 1 if self.layer else p.dim
 
-    def true_shape(self, p: LeafPlan) -> tuple[int, ...]:
-        return p.shape[1:] if self.layer else p.shape
-
     def pack(self, shards, dtype) -> jax.Array:
         """The unit's sharded leaves, flattened into one local buffer [n]."""
         flat = [x.astype(dtype).ravel() for x, p in zip(jax.tree.leaves(shards), jax.tree.leaves(self.plans))
@@ -97,7 +92,7 @@ class UnitLayout:
             size = math.prod(shape)
             piece = gathered_Nn[:, offset : offset + size].reshape((self.n,) + shape)
             full = jnp.moveaxis(piece, 0, d).reshape(shape[:d] + (self.n * shape[d],) + shape[d + 1 :])
-            out.append(full[tuple(slice(0, t) for t in self.true_shape(p))])
+            out.append(p.unpad(full, self.layer))
             offset += size
         return jax.tree.unflatten(jax.tree.structure(shards), out)
 
@@ -188,7 +183,7 @@ def block_residuals(apply_block: Callable, remat_policy: Callable, w, x_BTD):
     identity and left out, with their slots: the backward puts the re-gathered weights back in
     their places, so a gathered unit is never stored for the backward pass.
     Returns (y, residuals, treedef, slots)."""
-    fn = apply_block if remat_policy is ALL else jax.checkpoint(apply_block, policy=remat_policy)
+    fn = apply_block if remat_policy is REMAT_POLICIES["none"] else jax.checkpoint(apply_block, policy=remat_policy)
     y_BTD, vjp = jax.vjp(fn, w, x_BTD)
     leaves, treedef = jax.tree.flatten(vjp)
     slot_of = {id(leaf): k for k, leaf in enumerate(jax.tree.leaves(w))}
@@ -197,183 +192,201 @@ def block_residuals(apply_block: Callable, remat_policy: Callable, w, x_BTD):
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """The per-device forward and backward of one microbatch for a stage."""
+class StepOptions:
+    """What a schedule needs of the config beyond the plan and the policy."""
 
-    stage: int
+    grad_accum: int = 1  # microbatches per step
+    remat: str = "full"  # model.remat: none | full | dots
+    prefetch: int = 1  # stage 3: units gathered ahead of the one computing
+    reshard_after_forward: bool = True  # stage 3: free the forward's gathered units
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """How one unit's weights reach its compute and how its gradient leaves, for the stage."""
+
+    layout: UnitLayout
     policy: Policy
+    gather: bool  # all_gather per unit per pass (else the weights are already whole)
+    scatter: bool  # psum_scatter per unit (else the gradient stays whole until the step's end)
+
+    def fetch(self, source):
+        return self.layout.gather(source, self.policy) if self.gather else source
+
+    def send(self, grads, shards):
+        return self.layout.scatter(grads, shards, self.policy) if self.scatter else grads
+
+
+class Tape(NamedTuple):
+    """What the forward leaves for the backward."""
+
+    x: Any  # the last stack's output
+    outer: Any  # the gathered outer unit, kept when reshard_after_forward=false (else None)
+    saved: dict  # per stack: (block inputs or residuals, kept gathered layers or None)
+    enter_vjp: Callable
+    glue_vjps: dict  # per stack after the first: the vjp of `between`
+    queue: tuple  # units the forward already gathered for the backward (prefetch)
+
+
+def _add(a, b):
+    return jax.tree.map(jnp.add, a, b)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The per-device forward and backward of one microbatch over a model's units."""
+
+    units: Units
     plan: Plan
-    units: dict  # graphdefs: embed, block (one layer), head
-    loss_fn: Callable  # (logits, targets) -> mean loss
-    prefetch: int
-    reshard_after_forward: bool
-    n_devices: int  # replica x data: each device's loss is 1/n of the global mean
-    remat_policy: Callable | None = None  # None: every block recomputed in backward (remat=full)
+    policy: Policy
+    options: StepOptions
+    n_calls: int  # calls of `exit` per step: devices x microbatches
 
-    def layouts(self):
-        plans, n = self.plan.leaves, self.plan.data_size
-        outer = {k: plans[k] for k in OUTER}
-        return UnitLayout(outer, False, n), UnitLayout(plans["blocks"], True, n), UnitLayout(plans["blocks"], False, n)
+    @property
+    def ahead(self) -> int:
+        return self.options.prefetch if self.plan.layout.gather_per_unit else 0
 
-    def apply_block(self, w, x_BTD):
-        return nnx.merge(self.units["block"], w)(x_BTD)
+    @property
+    def keep(self) -> bool:
+        return self.plan.layout.gather_per_unit and not self.options.reshard_after_forward
 
-    def embed(self, outer_w, tokens_BT):
-        return nnx.merge(self.units["embed"], outer_w["embed"])(tokens_BT)
+    @property
+    def recompute(self) -> bool:  # remat=full: keep only a block's input; its backward recomputes it
+        return self.options.remat == "full"
 
-    def head_part(self, outer):
-        """What the head reads of the outer unit: its own leaves and, tied, the token embedding."""
-        tied = "lm_head" not in self.plan.leaves["head"]
-        return {"head": outer["head"], **({"embed": {"wte": outer["embed"]["wte"]}} if tied else {})}
+    def exchange(self, name: str | None) -> Exchange:
+        """The outer unit's (name None) or one layer of stack `name`'s exchange."""
+        leaves = self.units.outer_of(self.plan.leaves) if name is None else self.plan.leaves[name]
+        layout, stage = UnitLayout(leaves, name is not None, self.plan.data_size), self.plan.layout
+        return Exchange(layout, self.policy, stage.gather_per_unit, stage.scatter_per_unit)
 
-    def head_loss(self, head_w, x_BTD, targets_BT):
-        embed = None  # an untied head never reads the embedding
-        if "embed" in head_w:  # tied: only `wte.attend` is read; the position table stays out
-            embed = nnx.merge(self.units["embed"], {**head_w["embed"], "wpe": jnp.zeros((), self.policy.gather)})
-        return self.loss_fn(nnx.merge(self.units["head"], head_w["head"])(x_BTD, embed), targets_BT)
+    def as_compute(self, w):
+        """Weights enter a block in the compute dtype (as the model would cast them), so that the
+        only weight-sized residuals of its vjp are the weights themselves."""
+        return jax.tree.map(lambda a: a.astype(self.policy.compute), w)
 
-    def block_forward(self, w, x_BTD, structure: dict):
-        """A block's output and the residuals its backward needs, without its weights."""
-        y_BTD, residuals, treedef, slots = block_residuals(self.apply_block, self.remat_policy, w, x_BTD)
+    def block_forward(self, name: str, structure: dict, x, w, _):
+        """A block's output and what its backward needs (its input, or its residuals without
+        its weights), plus its gathered weights when they are kept."""
+        kept = w if self.keep else None
+        if self.recompute:
+            return self.units.block(name, w, x), (x, kept)
+        apply = lambda w, x: self.units.block(name, w, x)
+        y, residuals, treedef, slots = block_residuals(apply, REMAT_POLICIES[self.options.remat],
+                                                       self.as_compute(w), x)
         # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
         # first trace's pullback serves all of them (its residuals are all in `leaves`).
         if structure.setdefault("vjp", (treedef, slots))[1] != slots:
             raise AssertionError("a block's vjp residuals changed between traces")
-        return y_BTD, residuals
+        return y, (residuals, kept)
 
-    def block_backward(self, w, residuals, dy_BTD, structure: dict):
-        treedef, slots = structure["vjp"]
-        weights, saved = jax.tree.leaves(w), iter(residuals)
-        vjp = jax.tree.unflatten(treedef, [next(saved) if k is None else weights[k] for k in slots])
-        return vjp(dy_BTD)
+    def block_backward(self, name: str, structure: dict, send: Callable, dy, w, xs):
+        """A block's input gradient, and its weight gradient sent on (reduce-scattered or not)."""
+        (saved, _), shard = xs
+        if self.recompute:
+            _, vjp = jax.vjp(lambda w, x: self.units.block(name, w, x), w, saved)
+        else:
+            treedef, slots = structure["vjp"]
+            weights, residuals = jax.tree.leaves(self.as_compute(w)), iter(saved)
+            vjp = jax.tree.unflatten(treedef, [next(residuals) if k is None else weights[k] for k in slots])
+        dw, dx = vjp(dy)
+        return dx, send(dw, shard)
 
-    def local_grads(self, weights, batch_BS, scale):
-        """Loss and gradient of one microbatch on this device.
+    def forward(self, sources, batch, structures: dict) -> Tape:
+        """enter, each stack's layers (and the glue between stacks), up to the loss's input."""
+        outer = self.exchange(None).fetch(self.units.outer_of(sources))
+        x, enter_vjp = jax.vjp(lambda w: self.units.enter(w, batch), outer)
+        saved, glue, queue, names = {}, {}, (), self.units.names
+        for k, name in enumerate(names):
+            if k:  # the glue reads the outer unit gathered for enter (freed after the last glue)
+                x, glue[name] = jax.vjp(lambda w, x, name=name: self.units.between(w, name, x, batch), outer, x)
+            # The last stack's forward goes on gathering its backward's first units (prefetch).
+            wrap = k == len(names) - 1 and self.ahead > 0 and not self.keep
+            step = lambda x, w, e, name=name: self.block_forward(name, structures[name], x, w, e)
+            x, saved[name], queue = queued_scan(step, self.exchange(name).fetch, sources[name], (), x, self.ahead,
+                                                wrap=wrap)
+        return Tape(x, outer if self.keep else None, saved, enter_vjp, glue, queue)
 
-        `weights` is what the stage keeps per device: master shards (stages 2, 3: `weights` =
-        (shards, pre-gathered full weights or None)) or full weights (stages 0, 1)."""
-        outer_lay, layer_lay, _ = self.layouts()
-        shards, full = weights
-        p = self.policy
-        sharded = self.stage >= 2
-        n, plans = self.plan.data_size, self.plan.leaves
-        if self.stage == 3:
-            def gather_head(kept_embed):
-                if kept_embed is None:
-                    return UnitLayout(self.head_part(plans), False, n).gather(self.head_part(shards), p)
-                own = UnitLayout({"head": plans["head"]}, False, n).gather({"head": shards["head"]}, p)
-                return self.head_part({**own, **kept_embed})
+    def backward(self, tape: Tape, sources, shards, batch, scale, structures: dict):
+        """The loss (the outer unit gathered again, or kept), then every unit's gradient in
+        reverse order. Returns (w·l / n_calls, w / n_calls, gradients)."""
+        outer_ex = self.exchange(None)
+        outer = tape.outer if self.keep else outer_ex.fetch(self.units.outer_of(sources))
+        (loss, weight), exit_vjp = jax.vjp(lambda w, x: self.units.exit(w, x, batch), outer, tape.x)
+        share = weight / self.n_calls  # this call's part of the step's loss
+        d_outer, dx = exit_vjp((scale.astype(jnp.float32) * share, jnp.zeros_like(weight)))
+        grads, names = {}, self.units.names
+        for k in reversed(range(len(names))):
+            name, ex = names[k], self.exchange(names[k])
+            source, fetch = (tape.saved[name][1], lambda w: w) if self.keep else (sources[name], ex.fetch)
+            step = lambda dy, w, xs, name=name, ex=ex: self.block_backward(name, structures[name], ex.send, dy, w, xs)
+            queue = tape.queue if k == len(names) - 1 else ()
+            dx, grads[name], _ = queued_scan(step, fetch, source, (tape.saved[name], shards[name]), dx,
+                                             0 if self.keep else self.ahead, reverse=True, queue=queue or None)
+            if k:
+                d_glue, dx = tape.glue_vjps[name](dx)
+                d_outer = _add(d_outer, d_glue)
+        (d_enter,) = tape.enter_vjp(dx)
+        grads.update(outer_ex.send(_add(d_outer, d_enter), self.units.outer_of(shards)))
+        return loss * share, share, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
-            gather_embed = lambda: UnitLayout({"embed": plans["embed"]}, False, n).gather({"embed": shards["embed"]}, p)
-            gather_layer = lambda s: layer_lay.gather(s, p)
-            layer_sources = shards["blocks"]
-        else:  # weights are already whole on every device: "gathering" is reading them
-            gather_embed = lambda: {"embed": full["embed"]}
-            gather_head = lambda _: self.head_part(full)
-            gather_layer = lambda w: w
-            layer_sources = full["blocks"]
-        scatter_layer = (lambda g, s: layer_lay.scatter(g, s, p)) if sharded else (lambda g, s: g)
-        tokens_BT, targets_BT = batch_BS[:, :-1], batch_BS[:, 1:]
+    def local_grads(self, sources, shards, batch, scale):
+        """This device's part of the loss, its weight, and its gradient, for one microbatch.
 
-        # The embedding's backward is a scatter-add into the rows it read: its vjp keeps the
-        # token ids, not the weights, so the outer unit is freed after the embedding...
-        keep = self.stage == 3 and not self.reshard_after_forward
-        embed_w = gather_embed()
-        x0, embed_vjp = jax.vjp(lambda w: self.embed(w, tokens_BT), embed_w)
-
-        recompute = self.remat_policy is None
-        structure: dict = {}
-        # Weights enter a block in the compute dtype (as the model would cast them), so that
-        # the only weight-sized residuals of its vjp are the weights themselves.
-        as_compute = lambda w: jax.tree.map(lambda a: a.astype(p.compute), w)
-
-        def forward(x, w, _):
-            if recompute:  # keep only the block's input; the backward recomputes the rest
-                return self.apply_block(w, x), (x, w if keep else None)
-            y, residuals = self.block_forward(as_compute(w), x, structure)
-            return y, (residuals, w if keep else None)
-
-        ahead = self.prefetch if self.stage == 3 else 0
-        # With the forward's gathered units freed (reshard_after_forward), its last iterations
-        # already gather the backward's first units: no idle tail, one scan over every block.
-        xL, (inputs, kept), queue = queued_scan(forward, gather_layer, layer_sources, (), x0, ahead,
-                                                wrap=ahead > 0 and not keep)
-        # ... and the head gathers what it reads (the tied embedding again), its backward
-        # following at once (with reshard_after_forward=false the forward's copy is kept).
-        head_w = gather_head(embed_w if keep else None)
-        loss, head_vjp = jax.vjp(lambda w, x: self.head_loss(w, x, targets_BT), head_w, xL)
-        d_head, dx = head_vjp(scale.astype(jnp.float32) / self.n_devices)
-
-        def backward(dy, w, xs):
-            saved, shard = xs
-            if recompute:
-                _, vjp = jax.vjp(self.apply_block, w, saved)
-                dw, dx = vjp(dy)
-            else:
-                dw, dx = self.block_backward(as_compute(w), saved, dy, structure)
-            return dx, scatter_layer(dw, shard)
-
-        sources, gather_back = (kept, lambda w: w) if keep else (layer_sources, gather_layer)
-        shard_src = shards["blocks"] if sharded else layer_sources
-        dx0, d_blocks, _ = queued_scan(backward, gather_back, sources, (inputs, shard_src), dx, 0 if keep else ahead,
-                                       reverse=True, queue=queue or None)
-        (d_outer,) = embed_vjp(dx0)
-        d_outer = {**d_outer, "head": d_head["head"]}
-        if "embed" in d_head:  # the tied embedding's gradient from the head
-            d_outer["embed"] = {**d_outer["embed"], "wte": jax.tree.map(jnp.add, d_outer["embed"]["wte"],
-                                                                         d_head["embed"]["wte"])}
-        if sharded:
-            d_outer = outer_lay.scatter(d_outer, {k: shards[k] for k in OUTER}, p)
-        grads = {**d_outer, "blocks": d_blocks}
-        return loss / self.n_devices, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        `sources`: what units are fetched from (master shards at stage 3, whole weights else);
+        `shards`: the master shards (the layout gradients are reduce-scattered into)."""
+        structures = {name: {} for name in self.units.names}
+        tape = self.forward(sources, batch, structures)
+        return self.backward(tape, sources, shards, batch, scale, structures)
 
 
-
-def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: dict, loss_fn: Callable, *, grad_accum: int,
-                        prefetch: int, reshard_after_forward: bool, remat_policy: Callable | None = None):
+def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options: StepOptions):
     """(master, batch, scale) -> (loss, fp32 gradient of scale x loss in the plan's grad layout),
-    computed per device in `jax.shard_map` by the unit schedule of `plan.stage`."""
-    n_devices = mesh.shape[REPLICA] * mesh.shape[DATA]
-    schedule = Schedule(plan.stage, policy, plan, units, loss_fn, prefetch, reshard_after_forward, n_devices,
-                        remat_policy)
-    outer_lay, _, stack_lay = schedule.layouts()
-    outer_of = lambda tree: {k: tree[k] for k in OUTER}
+    computed per device in `jax.shard_map` by the unit schedule of the plan's stage."""
+    n_devices, stage, k = mesh.shape[REPLICA] * mesh.shape[DATA], plan.layout, options.grad_accum
+    schedule = Schedule(units, plan, policy, options, n_devices * k)
+    groups = {None: UnitLayout(units.outer_of(plan.leaves), False, plan.data_size),
+              **{name: UnitLayout(plan.leaves[name], False, plan.data_size) for name in units.names}}
 
-    def whole(master):
-        """Stages 0-2: the weights every device holds whole during the step."""
-        if plan.stage == 0:
-            return jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(master))
-        if plan.stage in (1, 2):  # one all_gather per unit group per step
-            return {**outer_lay.gather(outer_of(master), policy), "blocks": stack_lay.gather(master["blocks"], policy)}
-        return None
+    def by_group(fn, *trees):
+        """fn(layout, *subtrees) for the outer unit and for each whole stack."""
+        out = fn(groups[None], *[units.outer_of(t) for t in trees])
+        return {**out, **{name: fn(groups[name], *[t[name] for t in trees]) for name in units.names}}
+
+    def sources(master):
+        """What the units are fetched from: shards (stage 3), or weights whole during the step."""
+        if stage.gather_per_unit:
+            return master
+        if stage.gather_per_step:  # one all_gather per unit group per step
+            return by_group(lambda lay, m: lay.gather(m, policy), master)
+        return jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(master))
 
     def reduce(grads, master):
         """What is left to reduce at the end of the step."""
-        if plan.stage == 0:
+        if not stage.grads:
             grads = jax.tree.map(lambda g: jax.lax.psum(g.astype(policy.reduce), (REPLICA, DATA)), plan.pad(grads))
-        elif plan.stage == 1:
-            grads = {**outer_lay.scatter(outer_of(grads), outer_of(master), policy),
-                     "blocks": stack_lay.scatter(grads["blocks"], master["blocks"], policy)}
-        if plan.stage and mesh.shape[REPLICA] > 1:
+        elif stage.scatter_per_step:
+            grads = by_group(lambda lay, g, m: lay.scatter(g, m, policy), grads, master)
+        if stage.grads and mesh.shape[REPLICA] > 1:
             grads = jax.tree.map(lambda g: jax.lax.psum(g, REPLICA), grads)
         return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
     def local(master, batch_BS, scale):
-        weights = (master, whole(master))
-        if grad_accum == 1:
-            loss, grads = schedule.local_grads(weights, batch_BS, scale)
+        weights = sources(master)
+        if k == 1:
+            loss, weight, grads = schedule.local_grads(weights, master, batch_BS, scale)
         else:
-            B, S = batch_BS.shape
-            micro_kBS = batch_BS.reshape(B // grad_accum, grad_accum, S).swapaxes(0, 1)
+            like = master if stage.accum else weights  # sharded, or whole local gradients
 
             def body(acc, micro_BS):
-                return jax.tree.map(jnp.add, acc, schedule.local_grads(weights, micro_BS, scale)), None
+                return _add(acc, schedule.local_grads(weights, master, micro_BS, scale)), None
 
-            like = master if plan.stage >= 2 else weights[1]  # shards, or local full gradients
-            zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), like))
-            (loss, grads), _ = jax.lax.scan(body, zeros, micro_kBS)
-            loss, grads = loss / grad_accum, jax.tree.map(lambda g: g / grad_accum, grads)
-        return jax.lax.psum(loss, (REPLICA, DATA)), reduce(grads, master)
+            zero = jnp.zeros((), jnp.float32)
+            acc = (zero, zero, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), like))
+            (loss, weight, grads), _ = jax.lax.scan(body, acc, microbatches(batch_BS, k))
+        loss, weight = jax.lax.psum((loss, weight), (REPLICA, DATA))
+        # Σ w·l / Σ w (protocol.py); with bare losses every weight is 1 and this divides by 1.
+        return loss / weight, jax.tree.map(lambda g: g / weight, reduce(grads, master))
 
     return jax.shard_map(local, mesh=mesh, in_specs=(plan.master_specs, P(BATCH_AXES), P()),
                          out_specs=(P(), plan.grad_specs), check_vma=False)

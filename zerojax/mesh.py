@@ -21,9 +21,10 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from zerojax.config import MeshConfig
+from zerojax.config import ConfigError, MeshConfig
 
-AXES = ("replica", "data")
+REPLICA, DATA = "replica", "data"  # the mesh axes: replicate (hybrid sharding) and shard (ZeRO)
+AXES = (REPLICA, DATA)
 BATCH_AXES = AXES  # the batch is split over both axes
 
 
@@ -49,7 +50,7 @@ XLA_PRESETS = {
 def apply_xla_preset(name: str) -> str:
     """Append a preset's flags to XLA_FLAGS (effective only before the backend starts)."""
     if name not in XLA_PRESETS:
-        raise ValueError(f"--xla-preset {name!r} is not known; choose one of {', '.join(XLA_PRESETS)}")
+        raise ConfigError(f"--xla-preset {name!r} is not known; choose one of {', '.join(XLA_PRESETS)}")
     flags = " ".join(XLA_PRESETS[name])
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
     return flags
@@ -77,15 +78,15 @@ def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_proces
     service within the same bound, instead of hanging in a collective."""
     explicit = coordinator is not None or num_processes is not None or process_id is not None
     if explicit and None in (coordinator, num_processes, process_id):
-        raise ValueError("--coordinator HOST:PORT, --num-processes P and --process-id I go together")
+        raise ConfigError("--coordinator HOST:PORT, --num-processes P and --process-id I go together")
     if explicit and not 0 <= process_id < num_processes:
-        raise ValueError(f"--process-id {process_id} must be in [0, {num_processes})")
+        raise ConfigError(f"--process-id {process_id} must be in [0, {num_processes})")
     if not explicit and (cfg.distributed == "off" or not cluster_detected()):
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # only the CPU client uses it
     processes = num_processes or int(os.environ.get("SLURM_NTASKS", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     if cfg.cpu_devices % processes:
-        raise ValueError(f"mesh.cpu_devices={cfg.cpu_devices} must be divisible by the {processes} processes")
+        raise ConfigError(f"mesh.cpu_devices={cfg.cpu_devices} must be divisible by the {processes} processes")
     _set_cpu_devices(cfg.cpu_devices // processes)  # before the backend starts (it starts below)
     wanted = {"initialization_timeout": cfg.timeout_s, "heartbeat_timeout_seconds": cfg.timeout_s,
               "shutdown_timeout_seconds": cfg.timeout_s}
@@ -145,7 +146,7 @@ def mesh_shape(cfg: MeshConfig, n_devices: int, platform: str, processes: int = 
     if data < 1 or replica * data > n_devices:
         need = replica * max(data, 1)
         hint = f" (or raise mesh.cpu_devices, now {cfg.cpu_devices})" if platform == "cpu" else ""
-        raise ValueError(
+        raise ConfigError(
             f"mesh.replica={replica} x mesh.data={cfg.data} needs {need} devices but only "
             f"{n_devices} {platform} devices exist; use mesh.data=-1 or a smaller mesh{hint}"
         )
@@ -172,4 +173,4 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-    return mesh.shape["replica"] * mesh.shape["data"]
+    return mesh.shape[REPLICA] * mesh.shape[DATA]

@@ -16,7 +16,7 @@ import fnmatch
 import jax
 import optax
 
-from zerojax.config import OptimConfig
+from zerojax.config import ConfigError, OptimConfig
 from zerojax.sharding import path_name
 
 NO_DECAY = ("bias", "scale")
@@ -49,10 +49,10 @@ def check_freeze(params, patterns: tuple[str, ...]) -> None:
     paths = [path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     for pattern in patterns:
         if not any(is_frozen(path, (pattern,)) for path in paths):
-            raise ValueError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
+            raise ConfigError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
                              f"{', '.join(paths[:3])} (a unit name such as 'embed' or 'head' freezes all of it)")
     if all(is_frozen(path, patterns) for path in paths):
-        raise ValueError(f"optim.freeze={list(patterns)} freezes every parameter; nothing would train")
+        raise ConfigError(f"optim.freeze={list(patterns)} freezes every parameter; nothing would train")
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:

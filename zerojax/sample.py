@@ -6,15 +6,15 @@ import jax
 import numpy as np
 
 
-def sample_text(setup, params, prompt: str = "def ", n_new: int = 200) -> str:
-    """A short continuation of `prompt` (bytes corpora) from the trained model."""
-    if setup.corpus.vocab_size != 256:
-        prompt_ids = [int(t) for t in setup.corpus.val[:8]]
+def sample_text(view, params, corpus, seq_len: int, seed: int, prompt: str = "def ", n_new: int = 200) -> str:
+    """A short continuation of `prompt` (bytes corpora; else the validation split's first tokens)
+    from the trained model, whose `logits(tokens)` method `view(params)` reaches."""
+    if corpus.vocab_size != 256:
+        prompt_ids = [int(t) for t in corpus.val[:8]]
     else:
         prompt_ids = list(prompt.encode())
-    ids = generate(setup.view, params, prompt_ids, n_new, setup.cfg.model.seq_len, setup.cfg.train.seed,
-                   vocab=setup.corpus.vocab_size)
-    if setup.corpus.vocab_size != 256:
+    ids = generate(view, params, prompt_ids, n_new, seq_len, seed, vocab=corpus.vocab_size)
+    if corpus.vocab_size != 256:
         return " ".join(map(str, ids))
     return bytes(ids).decode("utf-8", errors="replace")
 
@@ -28,7 +28,7 @@ def generate(view, params, prompt_ids: list[int], n_new: int, seq_len: int, seed
 
     @jax.jit
     def next_token(params, window_1T, length, key):
-        logits_V = view(params)(window_1T)[0, length - 1][:vocab]  # only tokens the corpus has
+        logits_V = view(params).logits(window_1T)[0, length - 1][:vocab]  # only tokens the corpus has
         return jax.random.categorical(key, logits_V / temperature)
 
     ids, key = list(prompt_ids), jax.random.key(seed)

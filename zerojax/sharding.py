@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA = "data"
+from zerojax.mesh import DATA
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,27 @@ class StageLayout:
     grads: bool  # the gradient handed to the optimizer
     accum: bool  # the gradient-accumulation buffer
     compute: bool  # the params the forward/backward sees
+
+    # What the unit schedule does, read from the layout (stages are data, not code paths):
+    @property
+    def gather_per_unit(self) -> bool:
+        """Weights gathered unit by unit, in each pass (stage 3)."""
+        return self.compute
+
+    @property
+    def gather_per_step(self) -> bool:
+        """Sharded weights gathered whole once per step (stages 1, 2)."""
+        return self.master and not self.compute
+
+    @property
+    def scatter_per_unit(self) -> bool:
+        """Each unit's gradient reduce-scattered as soon as it exists (stages 2, 3)."""
+        return self.accum
+
+    @property
+    def scatter_per_step(self) -> bool:
+        """Full local gradients reduce-scattered once per step (stage 1)."""
+        return self.grads and not self.accum
 
 
 LAYOUTS = {
@@ -68,6 +89,15 @@ class LeafPlan:
     @property
     def padded(self) -> bool:
         return self.stored != self.shape
+
+    def pad(self, x):
+        """A value of the true shape, zero-padded to the stored shape."""
+        return jnp.pad(x, [(0, s - t) for s, t in zip(self.stored, self.shape)]) if self.padded else x
+
+    def unpad(self, x, layer: bool = False):
+        """A stored value sliced back to the true shape (`layer`: one layer of a stacked leaf)."""
+        shape = self.shape[1:] if layer else self.shape
+        return x[tuple(slice(0, t) for t in shape)] if x.shape != shape else x
 
 
 def choose_dim(shape: tuple[int, ...], n: int, first: int) -> tuple[int, tuple[int, ...]]:
@@ -114,16 +144,10 @@ class Plan:
         return self.specs(self.layout.compute)
 
     def pad(self, params):
-        def pad_leaf(leaf: LeafPlan, x):
-            return jnp.pad(x, [(0, s - t) for s, t in zip(leaf.stored, leaf.shape)]) if leaf.padded else x
-
-        return jax.tree.map(pad_leaf, self.leaves, params)
+        return jax.tree.map(lambda leaf, x: leaf.pad(x), self.leaves, params)
 
     def unpad(self, params):
-        def unpad_leaf(leaf: LeafPlan, x):
-            return x[tuple(slice(0, t) for t in leaf.shape)] if leaf.padded else x
-
-        return jax.tree.map(unpad_leaf, self.leaves, params)
+        return jax.tree.map(lambda leaf, x: leaf.unpad(x), self.leaves, params)
 
     def rows(self) -> list[dict]:
         """One row per leaf for printing: path, shape, dim, padding, bytes per device."""
@@ -159,6 +183,13 @@ def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
         return LeafPlan(name, shape, stored, dim, itemsize)
 
     return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params))
+
+
+def microbatches(batch_BS: jax.Array, k: int) -> jax.Array:
+    """[k, B/k, S]: microbatch j takes rows j, j+k, j+2k, ...; each device's contiguous block of
+    rows splits evenly into the k microbatches, so no row moves between devices."""
+    B, S = batch_BS.shape
+    return batch_BS.reshape(B // k, k, S).swapaxes(0, 1)
 
 
 def named(mesh: Mesh, specs):

@@ -1,9 +1,10 @@
-"""A decoder-only GPT in Flax NNX, built from units: embedding, stacked blocks, head.
+"""A decoder-only GPT in Flax NNX (GPT-2's layout), following the unit protocol
+(`zerojax.models.protocol`): `enter` embeds, the stacked `blocks` are the units, `exit` is the
+final norm, the LM head (or the tied token embedding) and the next-token loss.
 
 The blocks are created under `nnx.vmap`, so every block parameter carries a leading layer axis
 [L, ...], and they are applied with `lax.scan` (compile time does not grow with depth). The
-units are the granularity at which a ZeRO-3 schedule gathers and frees weights; the model
-itself knows nothing about meshes or devices.
+model knows nothing about meshes or devices.
 
 Shapes: B batch, T sequence, D d_model, H heads, K head dim (D/H), F d_ff, V vocab, L layers.
 Parameters are stored in `policy.param` (fp32) and used in `policy.compute`; attention softmax,
@@ -18,13 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zerojax.models import protocol
 from zerojax.precision import Policy
 
-REMAT_POLICIES = {  # model.remat: what a block's backward may reuse from its forward
-    "none": jax.checkpoint_policies.everything_saveable,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 
 def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs, std: float = 0.02, bias: bool = True):
@@ -107,17 +104,11 @@ class Head(nnx.Module):
         return logits_BTV.astype(jnp.float32)
 
 
-def _identity(x):
-    return x
-
-
 class GPT(nnx.Module):
     STACKED = ("blocks",)  # units whose parameters carry a leading layer axis
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
-                 seq_len: int, tie_embeddings: bool = True, remat: str = "none",
-                 policy: Policy = Policy(), rngs: nnx.Rngs):
-        self.remat = remat
+                 seq_len: int, tie_embeddings: bool = True, policy: Policy = Policy(), rngs: nnx.Rngs):
         self.embed = Embedding(vocab_size, d_model, seq_len, policy, rngs)
 
         @nnx.split_rngs(splits=n_layers)
@@ -128,28 +119,28 @@ class GPT(nnx.Module):
         self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
         self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs)
 
-    def __call__(self, tokens_BT: jax.Array, constrain=_identity) -> jax.Array:
-        """Logits [B, T, V] in fp32. `constrain` is applied to the activations between units
-        (a training loop uses it to keep them batch-sharded; the model knows no meshes)."""
-        x_BTD = constrain(self.embed(tokens_BT))
-        x_BTD = scan_blocks(self.blocks, x_BTD, self.remat, constrain)
+    def enter(self, batch_BS: jax.Array) -> jax.Array:
+        return self.embed(protocol.inputs(batch_BS))
+
+    def exit(self, x_BTD: jax.Array, batch_BS: jax.Array) -> jax.Array:
+        return protocol.cross_entropy(self.head(x_BTD, self.embed), protocol.targets(batch_BS))
+
+    def logits(self, tokens_BT: jax.Array) -> jax.Array:
+        """[B, T, V] fp32 logits on one device (sampling, checks)."""
+        x_BTD = self.embed(tokens_BT)
+        graphdef, stacked = nnx.split(self.blocks)
+        x_BTD, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None), x_BTD, stacked)
         return self.head(x_BTD, self.embed)
 
-
-def scan_blocks(blocks: Block, x_BTD: jax.Array, remat: str = "none", constrain=_identity) -> jax.Array:
-    """Apply stacked blocks one layer at a time with `lax.scan`."""
-    graphdef, stacked = nnx.split(blocks)
-
-    def body(x_BTD, layer_state):
-        return constrain(nnx.merge(graphdef, layer_state)(x_BTD)), None
-
-    if remat != "none":
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
-    x_BTD, _ = jax.lax.scan(body, x_BTD, stacked)
-    return x_BTD
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D."""
+        n_params = sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+        n_layers, d_model = self.blocks.ln1.scale.shape
+        return 6 * n_params + 12 * n_layers * seq_len * d_model
 
 
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-    """Mean next-token loss in nats per token."""
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1).mean()
+def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:
+    """The `model.family=gpt` factory."""
+    tie = True if cfg.tie_embeddings is None else cfg.tie_embeddings
+    return GPT(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+               d_ff=cfg.d_ff, seq_len=cfg.seq_len, tie_embeddings=tie, policy=policy, rngs=rngs)

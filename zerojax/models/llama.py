@@ -1,0 +1,143 @@
+"""A Llama-family decoder in Flax NNX, with Hugging Face `LlamaForCausalLM`'s conventions so that
+checkpoints map one to one: RMSNorm (`model.norm_eps`), rotary position embeddings in the
+rotate-half layout (`model.rope_theta`), a SwiGLU MLP (`model.d_ff` the intermediate size),
+grouped-query attention (`model.n_kv_heads`), no biases, and an untied LM head by default.
+
+Module names follow HF's (`embed_tokens`, `layers/self_attn/q_proj`, `mlp/gate_proj`, `norm`,
+`lm_head`); kernels are stored [in, out] (HF stores [out, in]). The decoder layers are the
+unit protocol's one stack. Softmax, norms' statistics and the logits are computed in fp32.
+
+Shapes: B batch, T sequence, D d_model, H heads, G key/value heads, K head dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zerojax.models import protocol
+from zerojax.precision import Policy
+
+STD = 0.02  # HF's initializer_range
+
+
+def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
+    return nnx.Linear(d_in, d_out, use_bias=False, dtype=policy.compute, param_dtype=policy.param,
+                      kernel_init=nnx.initializers.normal(STD), rngs=rngs)
+
+
+def _norm(d: int, eps: float, policy: Policy, rngs: nnx.Rngs):
+    return nnx.RMSNorm(d, epsilon=eps, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
+
+
+def rope(x_BTHK: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, HF's rotate-half layout: the first and second halves of each head dim
+    are the pair rotated together by angle position x theta^(-2i/K)."""
+    T, K = x_BTHK.shape[1], x_BTHK.shape[3]
+    inv_freq_K2 = 1.0 / (theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
+    angles_TK = jnp.concatenate([jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_K2[None]] * 2, axis=-1)
+    cos, sin = jnp.cos(angles_TK)[None, :, None], jnp.sin(angles_TK)[None, :, None]
+    x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x_BTHK * cos + rotated * sin).astype(x_BTHK.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, theta: float, policy: Policy, rngs: nnx.Rngs):
+        self.n_heads, self.n_kv_heads, self.theta = n_heads, n_kv_heads, theta
+        head_dim = d_model // n_heads
+        self.q_proj = _dense(d_model, n_heads * head_dim, policy, rngs)
+        self.k_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
+        self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
+        self.o_proj = _dense(n_heads * head_dim, d_model, policy, rngs)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        B, T, _ = x_BTD.shape
+        q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta)
+        k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta)
+        v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
+        # Head h reads key/value head h // (H / G), as HF's repeat_kv.
+        q_BTGRK = q_BTHK.reshape(B, T, self.n_kv_heads, self.n_heads // self.n_kv_heads, -1)
+        scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(q_BTHK.shape[-1]))
+        causal_TT = jnp.tril(jnp.ones((T, T), bool))
+        scores = jnp.where(causal_TT, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
+        y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK)
+        return self.o_proj(y_BTGRK.reshape(B, T, -1))
+
+
+class MLP(nnx.Module):
+    def __init__(self, d_model: int, d_ff: int, policy: Policy, rngs: nnx.Rngs):
+        self.gate_proj = _dense(d_model, d_ff, policy, rngs)
+        self.up_proj = _dense(d_model, d_ff, policy, rngs)
+        self.down_proj = _dense(d_ff, d_model, policy, rngs)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+
+
+class DecoderLayer(nnx.Module):
+    """One pre-norm decoder layer: the unit a ZeRO-3 schedule gathers at a time."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs):
+        self.input_layernorm = _norm(d_model, eps, policy, rngs)
+        self.self_attn = Attention(d_model, n_heads, n_kv_heads, theta, policy, rngs)
+        self.post_attention_layernorm = _norm(d_model, eps, policy, rngs)
+        self.mlp = MLP(d_model, d_ff, policy, rngs)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD))
+        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+
+
+class Llama(nnx.Module):
+    STACKED = ("layers",)
+
+    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
+                 rope_theta: float = 10000.0, norm_eps: float = 1e-5, tie_embeddings: bool = False,
+                 policy: Policy = Policy(), rngs: nnx.Rngs):
+        self.embed_tokens = nnx.Embed(vocab_size, d_model, dtype=policy.compute, param_dtype=policy.param,
+                                      embedding_init=nnx.initializers.normal(STD), rngs=rngs)
+
+        @nnx.split_rngs(splits=n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
+            return DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rope_theta, norm_eps, policy, rngs)
+
+        self.layers = make_layers(rngs)  # every leaf has a leading layer axis [L, ...]
+        self.norm = _norm(d_model, norm_eps, policy, rngs)
+        self.lm_head = None if tie_embeddings else _dense(d_model, vocab_size, policy, rngs)
+
+    def enter(self, batch_BS: jax.Array) -> jax.Array:
+        return self.embed_tokens(protocol.inputs(batch_BS))
+
+    def head(self, x_BTD: jax.Array) -> jax.Array:
+        x_BTD = self.norm(x_BTD)
+        logits_BTV = self.embed_tokens.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
+        return logits_BTV.astype(jnp.float32)
+
+    def exit(self, x_BTD: jax.Array, batch_BS: jax.Array) -> jax.Array:
+        return protocol.cross_entropy(self.head(x_BTD), protocol.targets(batch_BS))
+
+    def logits(self, tokens_BT: jax.Array) -> jax.Array:
+        """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
+        graphdef, stacked = nnx.split(self.layers)
+        x_BTD, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None),
+                                self.embed_tokens(tokens_BT), stacked)
+        return self.head(x_BTD)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D
+        (D here the query width H·K, which is d_model)."""
+        n_params = sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+        n_layers, d_model = self.layers.input_layernorm.scale.shape
+        return 6 * n_params + 12 * n_layers * seq_len * d_model
+
+
+def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Llama:
+    """The `model.family=llama` factory."""
+    return Llama(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                 n_kv_heads=cfg.n_kv_heads or cfg.n_heads, d_ff=cfg.d_ff, rope_theta=cfg.rope_theta,
+                 norm_eps=cfg.norm_eps, tie_embeddings=bool(cfg.tie_embeddings), policy=policy, rngs=rngs)

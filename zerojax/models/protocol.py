@@ -1,0 +1,175 @@
+"""The unit protocol (DESIGN §9): what zerojax's schedules need of a model, and nothing more.
+
+A model is a Flax NNX module with
+
+    STACKED = ("layers",)            # attributes holding stacks of identical blocks, run in order;
+                                     # each made under nnx.vmap (a leading layer axis on every leaf)
+    def enter(self, batch) -> x      # everything before the first stack
+    def between(self, name, x, batch) -> x   # glue before stack `name` (every stack but the first)
+    def exit(self, x, batch) -> loss # everything after the last stack: the mean loss over its rows,
+                                     # or (mean loss, weight) for a loss whose rows weigh differently
+
+and each block is called `block(x) -> x`, x a pytree of arrays (each with the batch as its leading
+dim) that keeps its shapes and dtypes. `enter`, `between` and `exit` may read any parameter that
+is not in a stack; none of them may read a stack. Every parameter is an `nnx.Param`.
+
+Losses and weights. Every call of `exit` (one per device and microbatch under the explicit
+schedule, one per microbatch under gspmd) returns a mean `l` over the rows it was given and a
+weight `w` (1 when it returns a bare loss). The step's loss is Σ w·l / Σ w over the calls, and
+its gradient is that loss's gradient: a masked loss that returns (masked mean, number of
+unmasked targets) is the mean over every unmasked target of the global batch, whatever the mesh
+or `train.grad_accum`; a bare loss is the mean of equal-sized slices, i.e. over every row.
+
+`Units` splits a model into what the schedules apply: the outer unit (every parameter outside
+the stacks, as FSDP's root unit) and one unit per layer of each stack. Nothing here knows a
+mesh; nothing in the schedules knows a model's attributes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+REMAT_POLICIES = {  # model.remat: what a block's backward may reuse from its forward
+    "none": jax.checkpoint_policies.everything_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class ProtocolError(TypeError):
+    """A model that does not follow the unit protocol (bad input, not a bug in the model)."""
+
+
+def _identity(x):
+    return x
+
+
+def check(model) -> tuple[str, ...]:
+    """The model's stack names, after checking it follows the protocol (ProtocolError if not)."""
+    if not isinstance(model, nnx.Module):
+        raise ProtocolError(f"the factory returned a {type(model).__name__}, not a flax.nnx.Module")
+    stacked = getattr(type(model), "STACKED", None)
+    if not isinstance(stacked, tuple) or not stacked or not all(isinstance(s, str) for s in stacked):
+        raise ProtocolError("the model has no STACKED class attribute (a non-empty tuple of attribute names, "
+                            "e.g. STACKED = ('layers',))")
+    for method in ("enter", "exit") + (("between",) if len(stacked) > 1 else ()):
+        if not callable(getattr(model, method, None)):
+            raise ProtocolError(f"the model has no `{method}` method")
+    others = [type(v).__name__ for _, v in nnx.state(model).flat_state() if not isinstance(v, nnx.Param)]
+    if others:
+        raise ProtocolError(f"the model holds {sorted(set(others))} variables; only nnx.Param is supported "
+                            "(no dropout RNG state or batch statistics)")
+    for name in stacked:
+        stack = getattr(model, name, None)
+        if not isinstance(stack, nnx.Module):
+            raise ProtocolError(f"STACKED names {name!r}, but model.{name} is not an nnx.Module")
+        depths = {x.shape[0] if x.ndim else None for x in jax.tree.leaves(nnx.state(stack, nnx.Param))}
+        if len(depths) != 1 or None in depths:
+            raise ProtocolError(f"model.{name} is not a stack made under nnx.vmap: its parameters' leading dims "
+                                f"are {sorted(depths, key=str)}, not one layer count")
+    return stacked
+
+
+def as_loss_and_weight(out) -> tuple[jax.Array, jax.Array]:
+    """`exit`'s result as (mean loss, weight) in fp32; the weight carries no gradient."""
+    loss, weight = out if isinstance(out, tuple) else (out, 1.0)
+    return jnp.asarray(loss, jnp.float32), jax.lax.stop_gradient(jnp.asarray(weight, jnp.float32))
+
+
+@dataclass(frozen=True)
+class Units:
+    """A model as its units: graphdefs of the outer unit (the model with its stacks removed) and
+    of one layer of each stack, applied to pure-dict parameters. Parameters are a dict whose
+    keys are the stack names and the outer unit's top-level attributes."""
+
+    graphdef: Any  # the whole model (for `logits` and other whole-model calls)
+    outer: Any  # the model without its stacks
+    layers: dict  # stack name -> graphdef of one layer
+    names: tuple[str, ...]  # the stacks, in the order they run
+    has_logits: bool = False  # the model has `logits(tokens) -> [B, T, V]` (sampling, checks)
+
+    @classmethod
+    def of(cls, model) -> "Units":
+        names = check(model)
+        layers = {name: nnx.split(getattr(model, name))[0] for name in names}
+        graphdef, state = nnx.split(model)
+        shell = nnx.merge(graphdef, state)  # a copy, so that `model` keeps its stacks
+        for name in names:
+            setattr(shell, name, None)
+        return cls(graphdef, nnx.split(shell)[0], layers, names, callable(getattr(model, "logits", None)))
+
+    def outer_of(self, params: dict) -> dict:
+        return {k: v for k, v in params.items() if k not in self.names}
+
+    def enter(self, outer: dict, batch):
+        return nnx.merge(self.outer, outer).enter(batch)
+
+    def between(self, outer: dict, name: str, x, batch):
+        return nnx.merge(self.outer, outer).between(name, x, batch)
+
+    def exit(self, outer: dict, x, batch):
+        """(mean loss, weight) of the rows of `batch`."""
+        return as_loss_and_weight(nnx.merge(self.outer, outer).exit(x, batch))
+
+    def block(self, name: str, layer: dict, x):
+        return nnx.merge(self.layers[name], layer)(x)
+
+    def model(self, params: dict):
+        return nnx.merge(self.graphdef, params)
+
+
+def scan_stack(units: Units, name: str, stacked: dict, x, remat: str = "none", constrain: Callable = _identity):
+    """Apply the layers of stack `name` one at a time with `lax.scan` (`remat` per layer)."""
+
+    def body(x, layer):
+        return constrain(units.block(name, layer, x)), None
+
+    if remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
+
+
+def forward(units: Units, params: dict, batch, remat: str = "none", constrain: Callable = _identity):
+    """(mean loss, weight) of `batch` through every unit in order: the whole model as one
+    function (the gspmd schedule's forward, evaluation). `constrain` is applied to the
+    activations between units (a caller keeps them batch-sharded; the model knows no mesh)."""
+    outer = units.outer_of(params)
+    x = constrain(units.enter(outer, batch))
+    for k, name in enumerate(units.names):
+        if k:
+            x = constrain(units.between(outer, name, x, batch))
+        x = scan_stack(units, name, params[name], x, remat, constrain)
+    return units.exit(outer, x, batch)
+
+
+def check_factory(factory: Callable, where: str) -> None:
+    """The factory can be called as factory(cfg=..., policy=..., rngs=...)."""
+    try:
+        inspect.signature(factory).bind(cfg=None, policy=None, rngs=None)
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"{where} cannot be called as factory(cfg=..., policy=..., rngs=...) ({err})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for language models, whose batch is int32 tokens [B, T+1]: inputs and their successors.
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Mean next-token loss in nats per token."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1).mean()
+
+
+def inputs(batch_BS: jax.Array) -> jax.Array:
+    return batch_BS[:, :-1]
+
+
+def targets(batch_BS: jax.Array) -> jax.Array:
+    return batch_BS[:, 1:]

@@ -1,0 +1,217 @@
+"""The train step: the model chosen by `model.family`, TrainState, init, and the jitted step
+under either schedule. No run loop (`train.py`), so `zerojax analyze` builds a step without it.
+
+Every ZeRO stage is the same step with a different sharding plan (`zerojax.sharding`): the fp32
+master weights and Adam moments live in the plan's master layout and the optimizer updates
+them where they lie. The loss and gradient come from one of two schedules with one signature,
+`make_loss_and_grads(mesh, plan, policy, units, options)`: `fsdp` (`zero.schedule=shard_map`,
+the explicit unit schedule) or `gspmd` (annotations left to XLA).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, PartitionSpec as P
+
+from zerojax import fsdp, gspmd
+from zerojax import mesh as mesh_lib
+from zerojax import sharding as sharding_lib
+from zerojax.config import Config, ConfigError, ModelConfig
+from zerojax.models import FAMILIES, ProtocolError, Units, protocol
+from zerojax.optim import check_freeze, frozen_mask, make_optimizer, make_schedule
+from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
+
+SCHEDULES = {"shard_map": fsdp.make_loss_and_grads, "gspmd": gspmd.make_loss_and_grads}
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # optimizer updates applied
+    params: Any  # fp32 master weights, a nested dict, in the plan's master layout (padded)
+    opt_state: Any  # optax state (Adam moments in fp32), laid out like the master weights
+    skipped: jax.Array  # consecutive non-finite steps
+    loss_scale: LossScaleState
+
+
+# ---------------------------------------------------------------------------------------------
+# The model: model.family names a built-in factory or an importable one of the user's.
+
+
+def model_factory(family: str) -> Callable:
+    """The factory `model.family` names (ConfigError if it cannot be found)."""
+    if family in FAMILIES:
+        return FAMILIES[family]
+    module_name, _, attr = family.partition(":")
+    where = f"model.family={family}"
+    if not module_name or not attr:
+        raise ConfigError(f"{where} is not valid; use gpt, llama, or module:factory (e.g. my_model:build)")
+    if "" not in sys.path:  # the current directory, as `python -m` has it
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
+        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
+    try:
+        protocol.check_factory(factory, attr)
+    except ProtocolError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return factory
+
+
+def build_model(cfg: ModelConfig, policy: Policy, seed: int):
+    """The model of `cfg` (call under nnx.eval_shape for shapes only). A bug inside the model's
+    own code raises as it is; a model that breaks the protocol is a ConfigError."""
+    model = model_factory(cfg.family)(cfg=cfg, policy=policy, rngs=nnx.Rngs(seed))
+    try:
+        protocol.check(model)
+    except ProtocolError as err:
+        raise ConfigError(f"model.family={cfg.family}: {err}") from None
+    return model
+
+
+def abstract_model(cfg: ModelConfig, policy: Policy, seed: int = 0):
+    """The model's structure and shapes; nothing is allocated."""
+    return nnx.eval_shape(lambda: build_model(cfg, policy, seed))
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Ψ of a model config, from abstract shapes."""
+    return sum(x.size for x in jax.tree.leaves(nnx.state(abstract_model(cfg, Policy()), nnx.Param)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything the compiled step needs, and nothing of the loop.
+
+
+@dataclass(frozen=True)
+class Step:
+    model: ModelConfig
+    seed: int
+    mesh: Mesh
+    policy: Policy
+    units: Units  # the model's units (graphdefs); parameters travel separately
+    plan: sharding_lib.Plan
+    frozen: Any  # pytree of bools: leaves that get no gradient
+    optimizer: optax.GradientTransformation
+    lr: optax.Schedule
+    scaler: LossScaler
+    schedule: str  # shard_map | gspmd
+    options: fsdp.StepOptions
+
+    def view(self, master):
+        """The model over the compute view of the master weights (eval, sampling)."""
+        return self.units.model(gspmd.compute_view(master, self.mesh, self.plan, self.policy))
+
+
+def make_step(cfg: Config, mesh: Mesh) -> Step:
+    """The Step of `cfg` on `mesh`; bad input surfaces here as ConfigError, before any work."""
+    dp, micro = mesh_lib.data_parallel_size(mesh), cfg.train.global_batch // cfg.train.grad_accum
+    if micro % dp:
+        raise ConfigError(
+            f"train.global_batch={cfg.train.global_batch} / train.grad_accum={cfg.train.grad_accum} "
+            f"= {micro} rows per microbatch must be divisible by the data-parallel size "
+            f"mesh.replica x mesh.data = {dp}; try train.global_batch={cfg.train.grad_accum * dp * max(1, round(micro / dp))}"
+        )
+    p = cfg.precision
+    if p.reduce != "float32" and cfg.zero.schedule == "gspmd":
+        raise ConfigError(f"precision.reduce={p.reduce!r}: choosing the reduce dtype under gspmd is not "
+                          "implemented in zerojax yet; use zero.schedule=shard_map")
+    policy = make_policy(p.param, p.compute, p.gather, p.reduce, mesh.devices.flat[0].platform)
+    scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
+                              loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
+                              min_loss_scale=p.min_loss_scale)
+    model = abstract_model(cfg.model, policy, cfg.train.seed)
+    units = Units.of(model)
+    abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    check_freeze(abstract, cfg.optim.freeze)
+    plan = sharding_lib.make_plan(abstract, cfg.zero.stage, mesh.shape[mesh_lib.DATA], cfg.zero.min_shard_size,
+                                  stacked=units.names)
+    z = cfg.zero
+    options = fsdp.StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch, z.reshard_after_forward)
+    return Step(cfg.model, cfg.train.seed, mesh, policy, units, plan, frozen_mask(abstract, cfg.optim.freeze),
+                make_optimizer(cfg.optim, cfg.train.steps), make_schedule(cfg.optim, cfg.train.steps), scaler,
+                z.schedule, options)
+
+
+def state_shardings(step: Step, abstract_state: TrainState):
+    plan = step.plan
+    specs = TrainState(P(), plan.master_specs, sharding_lib.state_specs(abstract_state.opt_state, plan,
+                                                                         plan.layout.master),
+                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale))
+    return sharding_lib.named(step.mesh, specs)
+
+
+def init_state(step: Step, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
+    """Master weights and optimizer state, born in the plan's layout (never gathered whole).
+
+    With `abstract`, only the shapes and shardings (for compiling without allocating);
+    `loaded`: parameters (true shapes) to start from instead of the model's initialisation."""
+
+    def init(loaded) -> TrainState:
+        if loaded is None:
+            loaded = nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed), nnx.Param))
+        params = step.plan.pad(loaded)
+        zero = jnp.zeros((), jnp.int32)
+        return TrainState(zero, params, step.optimizer.init(params), zero, step.scaler.init())
+
+    shapes = jax.eval_shape(init, None)
+    shardings = state_shardings(step, shapes)
+    if abstract:
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    return jax.jit(init, out_shardings=shardings)(loaded)
+
+
+def make_train_step(step: Step, abstract_state: TrainState | None = None):
+    """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW.
+
+    A step whose gradient is not finite changes nothing but the loss-scale state: parameters,
+    Adam moments and the optimizer's step count stay bit-identical."""
+    loss_and_grads = SCHEDULES[step.schedule](step.mesh, step.plan, step.policy, step.units, step.options)
+
+    def train_step(state: TrainState, batch_BS: jax.Array):
+        scale = state.loss_scale.scale
+        loss, grads = loss_and_grads(state.params, batch_BS, scale)
+        # Frozen leaves: no update (the optimizer's set_to_zero) and no part in the norm.
+        grads = jax.tree.map(lambda g, f: jnp.zeros_like(g) if f else g / scale, grads, step.frozen)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(grad_norm)
+
+        def update(params, opt_state):
+            updates, opt_state = step.optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        # A cond, not a select between new and old: the update then runs in place on the
+        # donated buffers (a select keeps the old state alive next to the new one).
+        params, opt_state = jax.lax.cond(finite, update, lambda *old: old, state.params, state.opt_state)
+        new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=params, opt_state=opt_state,
+                               skipped=jnp.where(finite, 0, state.skipped + 1),
+                               loss_scale=step.scaler.update(state.loss_scale, finite))
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": step.lr(state.step), "skipped": ~finite,
+                   "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
+        return new_state, metrics
+
+    shardings = state_shardings(step, abstract_state or init_state(step, abstract=True))
+    return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(step.mesh)),
+                   out_shardings=(shardings, mesh_lib.replicated(step.mesh)), donate_argnums=0)
+
+
+def make_eval_step(step: Step):
+    """(master, batch) -> the batch's mean loss (weighted as the protocol says)."""
+    loss = gspmd.make_loss(step.mesh, step.plan, step.policy, step.units)
+    return jax.jit(lambda params, batch_BS: loss(params, batch_BS)[0])
+
+
+def batch_shape(cfg: Config) -> jax.ShapeDtypeStruct:
+    """The global batch the data pipeline yields: int32 tokens [B, T+1]."""
+    return jax.ShapeDtypeStruct((cfg.train.global_batch, cfg.model.seq_len + 1), jnp.int32)
