@@ -8,6 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 # Repeated runs of the suite (and the CLI subprocesses) reuse compiled programs.
@@ -27,3 +28,18 @@ def tiny_overrides(tmp_path):
         "model.seq_len=16", "train.global_batch=16", "train.steps=5", "train.log_every=1",
         "train.eval_every=0", "train.ckpt_every=0", f"train.out_dir={tmp_path / 'run'}",
     ]
+
+
+# A tiny GPT run of 5 steps on 32 rows (divisible by 8 devices x grad_accum 4); min_shard_size
+# 64 shards nearly every leaf. Tests add train.out_dir and what they vary.
+TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64", "model.seq_len=16",
+        "train.steps=5", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+SMALL = ["train.global_batch=32", "zero.min_shard_size=64"]
+
+
+def run(overrides):
+    """(losses, result) of a run of these overrides, without a progress bar."""
+    from zerojax import config, train
+
+    result = train.run(config.load(overrides=overrides), show_progress=False)
+    return np.array([line["loss"] for line in result["history"]]), result

@@ -70,19 +70,20 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
     tensors = load_file(out)
     setup = train.prepare(config.load(overrides=BASE + ["zero.stage=3", "train.steps=4", f"train.out_dir={tmp_path}"]))
     assert tensors["embed/wte/embedding"].shape == (300, 36)  # stored padded as 304 rows on 8 devices
-    assert sum(x.size for x in tensors.values()) == sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(setup.plan.leaves))
+    assert sum(x.size for x in tensors.values()) == sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(setup.step.plan.leaves))
     # a fresh single-device model with the exported weights computes the trained model's logits
-    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(setup.cfg, setup.policy)))[0]
+    graphdef = setup.step.units.graphdef
     params = {}
     for name, value in tensors.items():
         checkpoint._merge(params, name, value)
     tokens = np.arange(32, dtype=np.int32).reshape(2, 16) % 256
-    fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0]))(tokens)
-    trained = jax.jit(lambda p: setup.view(p)(tokens))(result["state"].params)
+    fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0])).logits(tokens)
+    trained = jax.jit(lambda p: setup.step.view(p).logits(tokens))(result["state"].params)
     np.testing.assert_allclose(np.asarray(fresh), np.asarray(trained), rtol=1e-5, atol=1e-5)
     # and back: init_from starts a new run from exactly these weights (bf16 export rounds them)
-    start = train.init_state(train.prepare(config.load(
-        overrides=BASE + ["zero.stage=1", "mesh.data=4", f"model.init_from={out}", f"train.out_dir={tmp_path / 'ft'}"])))
+    ft = train.prepare(config.load(
+        overrides=BASE + ["zero.stage=1", "mesh.data=4", f"model.init_from={out}", f"train.out_dir={tmp_path / 'ft'}"]))
+    start = train.start_state(ft, None, None, None)
     for name, value in tensors.items():
         np.testing.assert_array_equal(np.asarray(checkpoint._get(start.params, name))[tuple(slice(0, s) for s in value.shape)], value)
     assert cli.main(["export", str(tmp_path), "--out", str(tmp_path / "half.safetensors"), "--dtype", "bfloat16"]) == 0

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from zerojax import config, train
+from zerojax import step as step_lib
 from zerojax.precision import LossScaler, make_loss_scaler, make_policy
 
 
@@ -63,9 +64,9 @@ def setup_for(tiny_overrides, *more):
 
 def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides):
     setup = setup_for(tiny_overrides, "precision.compute=bf16")
-    state = train.init_state(setup)
+    state = step_lib.init_state(setup.step)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
-    step = train.make_train_step(setup)
+    step = step_lib.make_train_step(setup.step)
     hlo = step.lower(state, batch).as_text()
     dots = [line.rsplit(":", 1)[-1] for line in hlo.splitlines() if "dot_general" in line]
     assert len(dots) >= 20  # forward and backward of every matmul
@@ -77,10 +78,10 @@ def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides)
 
 def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
     setup = setup_for(tiny_overrides)
-    step = train.make_train_step(setup)
+    step = step_lib.make_train_step(setup.step)
     batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
 
-    state, _ = step(train.init_state(setup), batches[0])
+    state, _ = step(step_lib.init_state(setup.step), batches[0])
     before = jax.device_get(state)
     poisoned = state._replace(loss_scale=state.loss_scale._replace(scale=jnp.float32(jnp.inf)))
     state, metrics = step(poisoned, batches[1])  # loss x inf: every gradient is inf/nan
@@ -91,7 +92,7 @@ def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
     state, metrics = step(state._replace(loss_scale=before.loss_scale), batches[2])
     assert not bool(metrics["skipped"]) and int(state.step) == 2
 
-    reference, _ = step(train.init_state(setup), batches[0])  # the same run without step 1
+    reference, _ = step(step_lib.init_state(setup.step), batches[0])  # the same run without step 1
     reference, _ = step(reference, batches[2])
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), jax.device_get(reference.params))
 
@@ -107,7 +108,7 @@ def lost_gradients(tiny_overrides, *more):
     """Fraction of gradient elements that are non-zero in fp32 but flushed to zero here."""
     def grads(*extra):
         setup = setup_for(tiny_overrides, *extra)
-        state = train.init_state(setup)
+        state = step_lib.init_state(setup.step)
         batch = train.global_batch(setup, setup.corpus.train, 0, 0)
         scale = state.loss_scale.scale
         _, g = train.accumulated_grads(setup, state.params, batch, scale)

@@ -131,14 +131,14 @@ def stack_inputs(cfg, step, rows: int) -> dict:
     shape = step_lib.batch_shape(cfg)
     batch = jax.ShapeDtypeStruct((rows,) + shape.shape[1:], shape.dtype)
 
-    def trace(outer):
+    def trace(outer, batch):
         x, xs = units.enter(outer, batch), {}
         for k, name in enumerate(units.names):
             x = units.between(outer, name, x, batch) if k else x
             xs[name] = x  # a block keeps its input's shapes: the next stack's glue takes the same
         return xs
 
-    return jax.eval_shape(trace, unit_params(step, None, compute))
+    return jax.eval_shape(trace, unit_params(step, None, compute), batch)
 
 
 def nbytes(tree) -> int:
@@ -163,10 +163,10 @@ def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
     def block_vjp(name):
         return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](x)
 
-    exit_grad = jax.grad(lambda w, x: units.exit(w, x, batch)[0], argnums=(0, 1))
+    exit_grad = jax.grad(lambda w, x, batch: units.exit(w, x, batch)[0], argnums=(0, 1))
     last = units.names[-1]
     work = max(compiled_temp(block_vjp(name), unit_params(step, name, compute), xs[name]) for name in units.names)
-    work += compiled_temp(exit_grad, unit_params(step, None, compute), xs[last])
+    work += compiled_temp(exit_grad, unit_params(step, None, compute), xs[last], batch)
     saved = sum(depth[name] * saved_per_block(cfg, step, name, xs[name]) for name in units.names)
     keep_outer = 0 if cfg.zero.reshard_after_forward else unit_size(step, None)
     return {

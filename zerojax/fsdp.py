@@ -58,11 +58,16 @@ from zerojax.sharding import LeafPlan, Plan, microbatches
 
 @dataclass(frozen=True)
 class UnitLayout:
-    """How one unit's leaves map to one flat buffer (`layer`: per-layer slices of stacked leaves)."""
+    """How one unit's leaves map to one flat buffer (`layer`: per-layer slices of stacked leaves).
+
+    `reverse` packs the sharded leaves in the opposite order: the outer unit's second gather (for
+    `exit`) then differs from its first (for `enter`) as a value, and XLA cannot merge the two into
+    one gathered unit alive all step (its CPU pipeline drops optimization barriers before CSE)."""
 
     plans: Any  # pytree of LeafPlan
     layer: bool
     n: int  # data-axis size
+    reverse: bool = False
 
     def _sharded(self):
         return [p for p in jax.tree.leaves(self.plans) if p.dim is not None]
@@ -75,25 +80,31 @@ class UnitLayout:
     def dim(self, p: LeafPlan) -> int:
         return p.dim - 1 if self.layer else p.dim
 
+    def _offsets(self) -> list:
+        """Each leaf's offset in the flat buffer (None for a leaf that is not sharded)."""
+        plans = jax.tree.leaves(self.plans)
+        order = [i for i, p in enumerate(plans) if p.dim is not None]
+        offsets, at = [None] * len(plans), 0
+        for i in reversed(order) if self.reverse else order:
+            offsets[i], at = at, at + math.prod(self.local_shape(plans[i]))
+        return offsets
+
     def pack(self, shards, dtype) -> jax.Array:
         """The unit's sharded leaves, flattened into one local buffer [n]."""
-        flat = [x.astype(dtype).ravel() for x, p in zip(jax.tree.leaves(shards), jax.tree.leaves(self.plans))
-                if p.dim is not None]
-        return jnp.concatenate(flat) if flat else jnp.zeros((0,), dtype)
+        flat = [(o, x.astype(dtype).ravel()) for x, o in zip(jax.tree.leaves(shards), self._offsets()) if o is not None]
+        return jnp.concatenate([x for _, x in sorted(flat, key=lambda t: t[0])]) if flat else jnp.zeros((0,), dtype)
 
     def unpack(self, gathered_Nn: jax.Array, shards, dtype):
         """Full (unpadded) leaves from the gathered buffer [N, n]; small leaves from `shards`."""
-        out, offset = [], 0
-        for x, p in zip(jax.tree.leaves(shards), jax.tree.leaves(self.plans)):
-            if p.dim is None:
+        out = []
+        for x, p, offset in zip(jax.tree.leaves(shards), jax.tree.leaves(self.plans), self._offsets()):
+            if offset is None:
                 out.append(x.astype(dtype))
                 continue
             shape, d = self.local_shape(p), self.dim(p)
-            size = math.prod(shape)
-            piece = gathered_Nn[:, offset : offset + size].reshape((self.n,) + shape)
+            piece = gathered_Nn[:, offset : offset + math.prod(shape)].reshape((self.n,) + shape)
             full = jnp.moveaxis(piece, 0, d).reshape(shape[:d] + (self.n * shape[d],) + shape[d + 1 :])
             out.append(p.unpad(full, self.layer))
-            offset += size
         return jax.tree.unflatten(jax.tree.structure(shards), out)
 
     def gather(self, shards, policy: Policy):
@@ -111,14 +122,12 @@ class UnitLayout:
         grads_r = jax.tree.map(lambda g: g.astype(policy.reduce), grads)
         (flat_Nn,) = layout_t(grads_r)
         flat = jax.lax.psum_scatter(flat_Nn, DATA, scatter_dimension=0, tiled=False).astype(jnp.float32)
-        out, offset = [], 0
-        for g, x, p in zip(jax.tree.leaves(grads_r), jax.tree.leaves(shards), jax.tree.leaves(self.plans)):
-            if p.dim is None:
+        out = []
+        for g, x, offset in zip(jax.tree.leaves(grads_r), jax.tree.leaves(shards), self._offsets()):
+            if offset is None:
                 out.append(jax.lax.psum(g, DATA).astype(jnp.float32))
                 continue
-            size = math.prod(x.shape)
-            out.append(flat[offset : offset + size].reshape(x.shape))
-            offset += size
+            out.append(flat[offset : offset + x.size].reshape(x.shape))
         return jax.tree.unflatten(jax.tree.structure(shards), out)
 
 
@@ -254,10 +263,10 @@ class Schedule:
     def recompute(self) -> bool:  # remat=full: keep only a block's input; its backward recomputes it
         return self.options.remat == "full"
 
-    def exchange(self, name: str | None) -> Exchange:
+    def exchange(self, name: str | None, reverse: bool = False) -> Exchange:
         """The outer unit's (name None) or one layer of stack `name`'s exchange."""
         leaves = self.units.outer_of(self.plan.leaves) if name is None else self.plan.leaves[name]
-        layout, stage = UnitLayout(leaves, name is not None, self.plan.data_size), self.plan.layout
+        layout, stage = UnitLayout(leaves, name is not None, self.plan.data_size, reverse), self.plan.layout
         return Exchange(layout, self.policy, stage.gather_per_unit, stage.scatter_per_unit)
 
     def as_compute(self, w):
@@ -311,7 +320,8 @@ class Schedule:
         """The loss (the outer unit gathered again, or kept), then every unit's gradient in
         reverse order. Returns (w·l / n_calls, w / n_calls, gradients)."""
         outer_ex = self.exchange(None)
-        outer = tape.outer if self.keep else outer_ex.fetch(self.units.outer_of(sources))
+        # Packed in reverse, this gather stays distinct from enter's (UnitLayout), so enter's is freed.
+        outer = tape.outer if self.keep else self.exchange(None, reverse=True).fetch(self.units.outer_of(sources))
         (loss, weight), exit_vjp = jax.vjp(lambda w, x: self.units.exit(w, x, batch), outer, tape.x)
         share = weight / self.n_calls  # this call's part of the step's loss
         d_outer, dx = exit_vjp((scale.astype(jnp.float32) * share, jnp.zeros_like(weight)))

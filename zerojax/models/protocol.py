@@ -61,7 +61,8 @@ def check(model) -> tuple[str, ...]:
     for method in ("enter", "exit") + (("between",) if len(stacked) > 1 else ()):
         if not callable(getattr(model, method, None)):
             raise ProtocolError(f"the model has no `{method}` method")
-    others = [type(v).__name__ for _, v in nnx.state(model).flat_state() if not isinstance(v, nnx.Param)]
+    others = [type(v).__name__ for _, v in nnx.iter_graph(model)
+              if isinstance(v, nnx.Variable) and not isinstance(v, nnx.Param)]
     if others:
         raise ProtocolError(f"the model holds {sorted(set(others))} variables; only nnx.Param is supported "
                             "(no dropout RNG state or batch statistics)")
