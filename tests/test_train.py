@@ -72,10 +72,10 @@ def test_schedule_warms_up_then_decays_to_a_tenth():
 def test_weight_decay_spares_norms_and_biases():
     from zerojax.optim import decay_mask
 
-    mask = decay_mask({"blocks": {"ln1": {"scale": 0, "bias": 0}, "mlp": {"up": {"kernel": 0, "bias": 0}}},
-                       "embed": {"wte": {"embedding": 0}}})
-    assert mask == {"blocks": {"ln1": {"scale": False, "bias": False}, "mlp": {"up": {"kernel": True, "bias": False}}},
-                    "embed": {"wte": {"embedding": True}}}
+    mask = decay_mask({"stack": {"norm": {"scale": 0, "bias": 0}, "mlp": {"up": {"kernel": 0, "bias": 0}}},
+                       "table": {"embedding": 0}})
+    assert mask == {"stack": {"norm": {"scale": False, "bias": False}, "mlp": {"up": {"kernel": True, "bias": False}}},
+                    "table": {"embedding": True}}
 
 
 @pytest.mark.parametrize("override, message", [

@@ -102,17 +102,17 @@ def test_clipping_uses_the_norm_of_the_whole_gradient(tmp_path):
 def test_the_plan():
     assert sharding.choose_dim((4, 128, 384), 8, first=1) == (2, (4, 128, 384))  # largest divisible, not L
     assert sharding.choose_dim((8, 36, 100), 8, first=1) == (2, (8, 36, 104))  # pad the largest
-    params = {"blocks": {"w": jax.ShapeDtypeStruct((8, 16, 24), np.float32),
-                         "ln": jax.ShapeDtypeStruct((8, 16), np.float32)},
-              "embed": jax.ShapeDtypeStruct((250, 64), np.float32)}
-    plan = sharding.make_plan(params, 3, 8, min_shard_size=200, stacked=("blocks",))
-    assert plan.leaves["blocks"]["w"].dim == 2 and plan.leaves["blocks"]["ln"].dim is None  # 16 per layer < 200
-    assert plan.leaves["embed"].dim == 1 and plan.unsharded_bytes() == 8 * 16 * 4
-    assert plan.master_specs["blocks"]["w"] == sharding.P(None, None, "data")
-    stage1 = sharding.make_plan(params, 1, 8, 200, ("blocks",))
-    assert stage1.compute_specs["embed"] == sharding.P() and stage1.grad_specs["embed"] == sharding.P(None, "data")
-    assert sharding.make_plan(params, 2, 8, 200, ("blocks",)).accum_specs["embed"] == sharding.P(None, "data")
-    assert stage1.accum_specs["embed"] == sharding.P()  # ZeRO-1 keeps full gradients
+    params = {"stack": {"w": jax.ShapeDtypeStruct((8, 16, 24), np.float32),
+                        "ln": jax.ShapeDtypeStruct((8, 16), np.float32)},
+              "table": jax.ShapeDtypeStruct((250, 64), np.float32)}
+    plan = sharding.make_plan(params, 3, 8, min_shard_size=200, stacked=("stack",))
+    assert plan.leaves["stack"]["w"].dim == 2 and plan.leaves["stack"]["ln"].dim is None  # 16 per layer < 200
+    assert plan.leaves["table"].dim == 1 and plan.unsharded_bytes() == 8 * 16 * 4
+    assert plan.master_specs["stack"]["w"] == sharding.P(None, None, "data")
+    stage1 = sharding.make_plan(params, 1, 8, 200, ("stack",))
+    assert stage1.compute_specs["table"] == sharding.P() and stage1.grad_specs["table"] == sharding.P(None, "data")
+    assert sharding.make_plan(params, 2, 8, 200, ("stack",)).accum_specs["table"] == sharding.P(None, "data")
+    assert stage1.accum_specs["table"] == sharding.P()  # ZeRO-1 keeps full gradients
 
 
 def test_measured_persistent_state_is_within_the_formulas():

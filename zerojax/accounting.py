@@ -1,4 +1,4 @@
-"""Accounting: what the design promises per device (DESIGN §2), and what XLA measures.
+"""Accounting: what the design promises per device (docs/design.md §2), and what XLA measures.
 
 Model states for mixed-precision Adam with Ψ parameters, N devices on the `data` axis and K
 bytes of optimizer state per parameter (fp32 master + m + v: K = 12), Rajbhandari et al. 2019,
@@ -39,7 +39,7 @@ def model_state_bytes(stage: int, params: float, devices: int, k: float = 12) ->
 
 
 def memory_report(params: float, devices: int, k: float = 12) -> dict:
-    """The `zerojax memory --json` document (DESIGN §4)."""
+    """The `zerojax memory --json` document (docs/design.md §4)."""
     return {"params": params, "devices": devices, "k": k,
             "stages": {str(s): model_state_bytes(s, params, devices, k) for s in STAGES}}
 
@@ -257,7 +257,7 @@ def _group_size(line: str, n_devices: int) -> int:
 
 
 def _sent_bytes(kind: str, result_bytes: int, group: int) -> float:
-    """Ring algorithms: what one device sends (DESIGN §2)."""
+    """Ring algorithms: what one device sends (docs/design.md §2)."""
     g = (group - 1) / group
     if kind == "all-gather":
         return g * result_bytes
@@ -349,7 +349,7 @@ def loop_collectives(hlo_text: str, n_devices: int) -> list[dict]:
 
 def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,
                       reshard_after_forward: bool = True) -> float:
-    """DESIGN §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N)."""
+    """docs/design.md §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N)."""
     g = (n - 1) / n
     if stage == 0:
         return 2 * g * params * b_reduce

@@ -1,4 +1,4 @@
-"""The `zerojax` command line (DESIGN §4).
+"""The `zerojax` command line (docs/design.md §4).
 
 Bad input (a `ConfigError` from anywhere in zerojax, or an argparse error) prints one
 `zerojax: error: ...` line on stderr and exits 2 before anything is written; any other failure,

@@ -1,4 +1,4 @@
-"""Typed run configuration: one frozen dataclass per YAML section (DESIGN §5).
+"""Typed run configuration: one frozen dataclass per YAML section (docs/design.md §5).
 
 The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them out). A YAML
 file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are

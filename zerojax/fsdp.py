@@ -14,7 +14,7 @@ freed is decided here and nowhere else:
                vjps (for a token embedding a scatter-add into the rows it read: it keeps the
                token ids, not the weights); reduce-scatter the outer unit's gradient
 
-Every unit is thus gathered twice per step and reduce-scattered once, as DESIGN §2 counts
+Every unit is thus gathered twice per step and reduce-scattered once, as docs/design.md §2 counts
 (FSDP likewise keeps its root unit gathered from the loss's forward into its backward).
 
 A unit's gather is one `all_gather` of one flat buffer holding all its sharded leaves (in

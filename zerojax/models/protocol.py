@@ -1,4 +1,4 @@
-"""The unit protocol (DESIGN §9): what zerojax's schedules need of a model, and nothing more.
+"""The unit protocol (docs/design.md §1): what zerojax's schedules need of a model, and nothing more.
 
 A model is a Flax NNX module with
 
