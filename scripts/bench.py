@@ -38,7 +38,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from zerojax import accounting, config, mesh
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's zerojax, installed or not (the GPU image has it not)
+from zerojax import accounting, config, mesh  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The library, reached only through these few names: zerojax's modules move (train.py is being
@@ -70,7 +72,6 @@ def batch_sharding(setup):
 # H200 (process start ~8 s, compile of a 1B step ~25 s, the timed steps a few seconds). The
 # estimates are guesses until the first run; its JSON has each measurement's wall_s.
 
-ROOT = Path(__file__).resolve().parent.parent
 GPT_1B, LLAMA_1B, S3 = "configs/gpt-1b.yaml", "configs/llama-1b.yaml", "gpt1b_s3_shard_map"
 SETUP_S = 10  # bench_gpu.sh before the plan: the GPU check, nvidia-smi
 BASE = ("train.global_batch=8", "train.grad_accum=1")  # 16k tokens per step
