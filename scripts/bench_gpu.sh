@@ -43,7 +43,7 @@ EOF
   if [[ -n "$missing" ]]; then
     echo "bench_gpu: installing what the image lacks: $missing" >&2
     where=(); [[ -d .whl ]] && where=(--no-index --find-links .whl)
-    "$py" -m pip install --quiet "${where[@]}" $missing "jax==$("$py" -c 'import jax; print(jax.__version__)')" \
+    "$py" -m pip install --quiet --retries 0 --timeout 5 "${where[@]}" $missing "jax==$("$py" -c 'import jax; print(jax.__version__)')" \
       || { echo "bench_gpu: could not install $missing (carry them as wheels in .whl/)" >&2; exit 2; }
   fi
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true

@@ -97,6 +97,13 @@ def test_missing_feature_is_a_named_skip_but_a_broken_core_config_is_an_error():
     assert bench.unavailable(bench.BY_NAME["gpt1b_s3_shard_map"], dry_run=False) is None
 
 
+def test_without_a_gpu_the_real_run_fails_fast_and_says_why(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh")], cwd=ROOT, capture_output=True, text=True,
+                          env=clean_env(OUT=str(tmp_path), JAX_PLATFORMS="cpu"), timeout=120)
+    assert proc.returncode == 2 and "has no GPU backend" in proc.stderr
+    assert not (tmp_path / "bench_gpu.json").exists()
+
+
 def run_plan(tmp_path, *args):
     """`bench.py plan --dry-run`, its working files (and so its children's command lines) in tmp_path."""
     return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench.py"), "plan", "--dry-run",
