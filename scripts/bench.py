@@ -394,22 +394,27 @@ def markdown(doc: dict) -> str:
 
 
 def human(n: float, unit: str = "B") -> str:
-    scale, prefix = next((s, p) for s, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")) if n >= s or s == 1)
-    return f"{n / scale:.3g} {prefix}{unit}".strip()
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}"
+
+
+def cell(value, form) -> str:
+    return "-" if value is None else form(value) if callable(form) else form.format(value)
 
 
 def table_row(name: str, e: dict) -> str:
     if e["status"] != "ok":
         return f"| {name} | {e['status']}: {e.get('reason') or e.get('error')} |" + " |" * 6
-    show = lambda v, form, how=lambda v: v: "-" if v is None else form.format(how(v))
     found = e.get("found") or {}
     if found:
         name += (f" (fits: d_model {found['d_model']}, {found['n_layers']} layers, "
-                 f"{human(found['params'], '')} parameters; real step {'ran' if e.get('confirmed') else 'failed'})")
-    cells = [name, show(e.get("tokens_per_sec"), "{:,.0f}"), show(e.get("step_s"), "{:.3f} s"),
-             show(e.get("mfu"), "{:.1%}"), show(e.get("peak_bytes_in_use"), "{}", human),
-             show(e.get("analyze_peak_bytes", found.get("peak_bytes")), "{}", human),
-             show(e.get("compile_s"), "{:.1f} s"), show(e.get("wall_s"), "{:.0f} s")]
+                 f"{found['params']:,} parameters; real step {'ran' if e.get('confirmed') else 'failed'})")
+    cells = [name, cell(e.get("tokens_per_sec"), "{:,.0f}"), cell(e.get("step_s"), "{:.3f} s"),
+             cell(e.get("mfu"), "{:.1%}"), cell(e.get("peak_bytes_in_use"), human),
+             cell(e.get("analyze_peak_bytes", found.get("peak_bytes")), human),
+             cell(e.get("compile_s"), "{:.1f} s"), cell(e.get("wall_s"), "{:.0f} s")]
     return "| " + " | ".join(cells) + " |"
 
 
