@@ -13,7 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-runs/bench_gpu}"
-mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's zerojax, nothing installed
 
 dry_run=false
@@ -53,6 +52,7 @@ EOF
   args=(--steps 5 --warmup 2 --peak-tflops 989 --xla-preset gpu)
 fi
 
+mkdir -p "$out"
 # The hard cap: SIGTERM at $cap s (the plan then records the rest as cut short), SIGKILL 15 s
 # later. The plan's own deadline starts nothing it cannot finish before the cap.
 timeout -k 15 "$cap" "$py" scripts/bench.py plan --out "$out/bench_gpu.json" --deadline-s $((cap - 10)) "${args[@]}" "$@"
