@@ -1,106 +1,497 @@
-"""Benchmark the train step per ZeRO stage and schedule: tokens/s, step time, compile time
-(2 vs 16 layers), bytes sent vs DESIGN §2, and peak memory per device.
+"""Benchmarks of the train step: the plan run on the first GPU, and the per-stage table.
 
-    python scripts/bench.py [--steps 20] [--stages 0,3] [--schedules shard_map,gspmd]
-                            [--peak-tflops 989] [--xla-preset gpu] [--out bench.json] [KEY=VALUE ...]
+    python scripts/bench.py plan [--dry-run] [--out FILE] [--deadline-s S] [--only NAME,...]
+                                 [--steps 5] [--warmup 2] [--peak-tflops 989] [--xla-preset gpu]
+                                 [--fit-budget-gb G] [--fit-max-steps K]
+    python scripts/bench.py measure NAME --result FILE [the same options]   (what `plan` runs)
+    python scripts/bench.py summary FILE                  (the Markdown summary of a plan's JSON)
+    python scripts/bench.py stages [--config PATH] [--steps 20] [--stages 0,1,2,3]
+                                   [--schedules shard_map,gspmd] [--peak-tflops T] [KEY=VALUE ...]
 
-On CPU (8 simulated devices on a few cores) absolute times are noise; compare the ratios
-(stage 3 / stage 0 tokens/s, compile 16 / 2 layers). BENCHMARKS.md records runs.
+`plan` is what scripts/bench_gpu.sh runs: the measurements of PLAN below, in order, each in a
+fresh process, because a process's peak device memory (`memory_stats()["peak_bytes_in_use"]`)
+cannot be reset, and because an out-of-memory error or a hung compile then costs one entry, not
+the run. After every measurement the whole JSON document is rewritten atomically, so a run cut
+short by its time limit keeps everything measured so far. A measurement whose feature has not
+landed in zerojax (its config does not load, or preparing it says "not implemented") is
+skipped with that reason. `--dry-run` runs the same plan on CPU with tiny shapes (CI).
+
+`stages` is the per-stage table of BENCHMARKS.md's CPU section (one process; on CPU absolute
+times are noise, compare the ratios).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+import traceback
+from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's zerojax, installed or not (the GPU image has it not)
+from zerojax import accounting, config, mesh  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# The library, reached only through these few names: zerojax's modules move (train.py is being
+# split into step.py and the loop); only this section should have to follow them.
+
+load_config = config.load  # (path, overrides) -> Config; ValueError on an unknown key or value
+compile_step = accounting.compile_step  # Config -> (setup, compiled step), nothing allocated
+count_params, flops_per_token = accounting.count_params, accounting.flops_per_token
+stage_report, peak_bytes = accounting.stage_report, accounting.peak_bytes  # `zerojax analyze`
+largest_fitting = accounting.largest_fitting  # `zerojax analyze --budget-gb`
+apply_xla_preset = mesh.apply_xla_preset
 
 
-from zerojax import accounting, config, data, mesh, train  # noqa: E402  (after the argparse docs)
+def init_state(setup):
+    """The real (allocated) train state of a compiled setup."""
+    try:
+        from zerojax.step import init_state as init  # after train.py's split
+    except ImportError:
+        from zerojax.train import init_state as init
+    return init(setup)
 
 
-def timed_compile(cfg):
-    setup = train.prepare(cfg)
-    state = train.init_state(setup, abstract=True)
-    batch = jax.ShapeDtypeStruct((cfg.train.global_batch, cfg.model.seq_len + 1), "int32",
-                                 sharding=mesh.batch_sharding(setup.mesh))
+def batch_sharding(setup):
+    return mesh.batch_sharding(setup.mesh)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan: what the first GPU measures, with an estimate of each measurement's seconds on one
+# H200 (process start ~8 s, compile of a 1B step ~25 s, the timed steps a few seconds). The
+# estimates are guesses until the first run; its JSON has each measurement's wall_s.
+
+GPT_1B, LLAMA_1B, S3 = "configs/gpt-1b.yaml", "configs/llama-1b.yaml", "gpt1b_s3_shard_map"
+SETUP_S = 10  # bench_gpu.sh before the plan: the GPU check, nvidia-smi
+BASE = ("train.global_batch=8", "train.grad_accum=1")  # 16k tokens per step
+DRY = ("model.vocab_size=256", "model.d_model=64", "model.n_layers=2", "model.n_heads=2",
+       "model.d_ff=256", "model.seq_len=32", "train.global_batch=16",
+       "zero.min_shard_size=1024")  # so that the tiny blocks are still sharded and gathered
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    name: str
+    what: str  # one line, for BENCHMARKS.md
+    h200_s: int  # estimated seconds on one H200, process start and compile included
+    overrides: tuple[str, ...] = ()
+    config: str = GPT_1B
+    feature: str | None = None  # a feature that may not have landed yet: skipped (named) if so
+    baseline: str | None = None  # its step time is compared with this measurement's
+    fit_stage: int | None = None  # instead of throughput: the largest scaling that fits
+    dry: tuple[str, ...] = ()  # more overrides for the CPU rehearsal
+
+
+PLAN = (
+    Measurement("gpt1b_s0_shard_map", "gpt-1b, stage 0, shard_map: MFU, tokens/s, peak memory", 40,
+                ("zero.stage=0", "zero.schedule=shard_map")),
+    Measurement(S3, "gpt-1b, stage 3, shard_map", 40, ("zero.stage=3", "zero.schedule=shard_map")),
+    Measurement("gpt1b_s0_gspmd", "gpt-1b, stage 0, gspmd", 40, ("zero.stage=0", "zero.schedule=gspmd")),
+    Measurement("gpt1b_s3_gspmd", "gpt-1b, stage 3, gspmd", 40, ("zero.stage=3", "zero.schedule=gspmd")),
+    Measurement("llama1b_s3", "llama-1b, stage 3, shard_map", 40, ("zero.stage=3",), config=LLAMA_1B,
+                feature="model.family=llama (configs/llama-1b.yaml)", dry=("model.n_kv_heads=1",)),
+    Measurement("offload_optimizer_s3", "gpt-1b, stage 3, zero.offload=optimizer: step time vs none", 45,
+                ("zero.stage=3", "zero.offload=optimizer"), feature="zero.offload=optimizer", baseline=S3),
+    Measurement("offload_optimizer_master_s3", "gpt-1b, stage 3, zero.offload=optimizer+master", 50,
+                ("zero.stage=3", "zero.offload=optimizer+master"), feature="zero.offload=optimizer+master",
+                baseline=S3),
+    Measurement("gather_int8_s3", "gpt-1b, stage 3, precision.gather=int8: step time vs bf16 gathers", 40,
+                ("zero.stage=3", "precision.gather=int8"), feature="precision.gather=int8", baseline=S3),
+    Measurement("fit_s3", "largest depth x width scaling of gpt-1b that fits, stage 3 (compile only), "
+                "then one real step of it", 95, ("zero.stage=3",), fit_stage=3),
+    Measurement("fit_s0", "the same for stage 0 (on one device, N = 1, stages shard nothing: "
+                "skipped, named)", 10, ("zero.stage=0",), fit_stage=0),
+)
+BY_NAME = {m.name: m for m in PLAN}
+
+
+def overrides(m: Measurement, dry_run: bool) -> list[str]:
+    return [*BASE, *m.overrides, *((*DRY, *m.dry) if dry_run else ())]
+
+
+def unavailable(m: Measurement, dry_run: bool) -> str | None:
+    """Why `m` cannot run with this zerojax (None: it can). Only a measurement of a feature may
+    be skipped; for the others a config that does not load is an error (ValueError)."""
+    try:
+        if not (ROOT / m.config).is_file():
+            raise ValueError(f"{m.config} does not exist")
+        load_config(ROOT / m.config, overrides(m, dry_run))
+    except ValueError as err:
+        if m.feature is None:
+            raise
+        return f"{m.feature}: not in zerojax yet ({err})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One measurement, in its own process.
+
+REPORT_KEYS = ("argument_bytes", "temp_bytes", "output_bytes", "comm_bytes", "comm_theory_bytes")
+
+
+def measure(m: Measurement, opts) -> dict:
+    if opts.xla_preset:
+        apply_xla_preset(opts.xla_preset)  # before the backend starts
+    cfg = load_config(ROOT / m.config, overrides(m, opts.dry_run))
+    try:
+        row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
+    except ValueError as err:  # prepare's "not implemented in zerojax yet"
+        if m.feature and "not implemented" in str(err):
+            return {"status": "skipped", "reason": f"{m.feature}: {err}"}
+        raise
+    return {**row, **device_info()}
+
+
+def throughput(cfg, opts) -> dict:
     start = time.perf_counter()
-    compiled = train.make_train_step(setup, state).lower(state, batch).compile()
-    return setup, compiled, time.perf_counter() - start
+    setup, compiled = compile_step(cfg)  # includes preparing the setup
+    compile_s = time.perf_counter() - start
+    params = count_params(cfg)
+    report = stage_report(setup, compiled, params)
+    step_s, loss = timed_steps(setup, compiled, init_state(setup), opts.steps, opts.warmup)
+    return {"status": "ok", "params": params, "compile_s": compile_s, **rates(setup, params, step_s, opts),
+            "loss": loss, "analyze_peak_bytes": peak_bytes(report), **{k: report[k] for k in REPORT_KEYS},
+            **device_memory()}
 
 
-def throughput(setup, compiled, steps: int) -> dict:
-    state = train.init_state(setup)
-    batches = [train.global_batch(setup, setup.corpus.train, data.TRAIN, i) for i in range(steps + 2)]
-    for b in batches[:2]:  # warm-up
-        state, metrics = compiled(state, b)
-    jax.block_until_ready(metrics)
+def rates(setup, params: int, step_s: float, opts) -> dict:
+    cfg = setup.cfg
+    tokens_per_sec = cfg.train.global_batch * cfg.model.seq_len / step_s
+    out = {"step_s": step_s, "tokens_per_sec": tokens_per_sec}
+    if opts.peak_tflops:  # model FLOPs utilisation, summed over the devices (PaLM appendix B)
+        flops = flops_per_token(params, cfg.model.n_layers, cfg.model.seq_len, cfg.model.d_model)
+        out["mfu"] = tokens_per_sec * flops / (opts.peak_tflops * 1e12 * setup.mesh.devices.size)
+    return out
+
+
+def timed_steps(setup, compiled, state, steps: int, warmup: int) -> tuple[float, float]:
+    """Seconds per step after `warmup` steps, and the last loss (random tokens: only a sanity check)."""
+    cfg = setup.cfg
+    shape = (cfg.train.global_batch, cfg.model.seq_len + 1)
+    make = jax.jit(lambda key: jax.random.randint(key, shape, 0, cfg.model.vocab_size, jnp.int32),
+                   out_shardings=batch_sharding(setup))
+    batches = [make(jax.random.key(i)) for i in range(warmup + steps)]
+    for batch in batches[:warmup]:
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, batches))
     start = time.perf_counter()
-    for b in batches[2:]:
-        state, metrics = compiled(state, b)
-    jax.block_until_ready(metrics)
-    step_s = (time.perf_counter() - start) / steps
-    tokens = setup.cfg.train.global_batch * setup.cfg.model.seq_len
-    return {"step_s": step_s, "tokens_per_sec": tokens / step_s}
+    for batch in batches[warmup:]:
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    return (time.perf_counter() - start) / steps, float(metrics["loss"])
 
 
-def with_zero(cfg, **zero):
-    return dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, **zero))
+def fit(cfg, stage: int, opts) -> dict:
+    """`zerojax analyze --budget-gb`'s search for `stage`, then one real step of what it found."""
+    staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
+    setup, _ = compile_step(staged)  # starts the backend with the mesh's devices; cached for the search
+    if stage != 3 and setup.mesh.shape["data"] == 1:
+        return {"status": "skipped", "reason": "one device on the data axis (N = 1): every stage holds "
+                "the same model states, so stage 0 fits what stage 3 fits"}
+    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
+    if not budget:
+        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    found = largest_fitting(staged, stage, budget, max_steps=opts.fit_max_steps)
+    row = {"status": "ok", "stage": stage, "budget_bytes": budget, "found": found}
+    if found is None:  # not even the unscaled model fits
+        return row
+    model = dataclasses.replace(cfg.model, **{k: found[k] for k in ("d_model", "d_ff", "n_layers")})
+    big = dataclasses.replace(staged, model=model)
+    setup, compiled = compile_step(big)  # a hit in the compilation cache: the search compiled it
+    try:
+        step_s, loss = timed_steps(setup, compiled, init_state(setup), steps=1, warmup=0)
+    except jax.errors.JaxRuntimeError as err:  # out of memory: the estimate was wrong, say so
+        return {**row, "confirmed": False, "error": first_line(err), **device_memory()}
+    return {**row, "confirmed": True, "loss": loss, **rates(setup, found["params"], step_s, opts),
+            **device_memory()}
 
 
-def with_layers(cfg, n_layers: int):
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n_layers))
+def device_memory() -> dict:
+    """The device allocator's peak since the process started (None where the backend keeps none)."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats()
+    if not stats:
+        return {"peak_bytes_in_use": None, "memory_stats": f"memory_stats() is None on {device.platform}"}
+    return {"peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out")
-    parser.add_argument("--stages", default="0,1,2,3")
-    parser.add_argument("--schedules", default="shard_map,gspmd")
-    parser.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU (H200 bf16: 989)")
-    parser.add_argument("--xla-preset", help="e.g. gpu (zerojax.mesh.XLA_PRESETS)")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    if args.xla_preset:
-        mesh.apply_xla_preset(args.xla_preset)
-    cfg = config.load(args.config, args.overrides)
-    params = accounting.count_params(cfg)
-    flops = accounting.flops_per_token(params, cfg.model.n_layers, cfg.model.seq_len, cfg.model.d_model)
-    schedules, stages = args.schedules.split(","), [int(s) for s in args.stages.split(",")]
+def device_info() -> dict:
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "devices": jax.device_count(), "jax": jax.__version__}
+
+
+def first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0][:500]
+
+
+def measure_main(opts) -> int:
+    """`bench.py measure NAME`: write one entry to --result, whatever happens."""
+    try:
+        entry = measure(BY_NAME[opts.name], opts)
+    except Exception as err:  # noqa: BLE001 - any failure is this entry's result, not the run's
+        entry = {"status": "error", "error": f"{type(err).__name__}: {first_line(err)}"}
+        traceback.print_exc()  # into the plan's log
+    write_json(Path(opts.result), entry)
+    return 0 if entry["status"] != "error" else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan, run measurement by measurement.
+
+MIN_START_S = 15  # a measurement is not started with less time left before the deadline
+
+
+class CutShort(Exception):
+    """SIGTERM (the shell's hard timeout): record what is left as skipped, and stop."""
+
+
+def cut_short(signum, frame):
+    raise CutShort()
+
+
+def write_json(path: Path, doc) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)  # readers never see half a document
+
+
+def child_flags(opts) -> list[str]:
+    flags = ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+    for name in ("peak_tflops", "xla_preset", "fit_budget_gb", "fit_max_steps"):
+        if getattr(opts, name):
+            flags += [f"--{name.replace('_', '-')}", str(getattr(opts, name))]
+    return flags + (["--dry-run"] if opts.dry_run else [])
+
+
+def run_child(m: Measurement, opts, limit_s: float, workdir: Path, log) -> dict:
+    result = workdir / f"{m.name}.json"
+    cmd = [sys.executable, __file__, "measure", m.name, "--result", str(result), *child_flags(opts)]
+    print(f"== {m.name}: {' '.join(cmd[1:])}", file=log, flush=True)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        child.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "reason": f"killed after {limit_s:.0f} s"}
+    finally:
+        if child.poll() is None:  # timed out, or SIGTERM reached us: end its process group
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    if result.is_file():
+        return json.loads(result.read_text())
+    return {"status": "error", "error": f"exited {child.returncode} without a result (see the log)"}
+
+
+def run_one(m: Measurement, opts, deadline: float, workdir: Path, log) -> dict:
+    try:
+        reason = unavailable(m, opts.dry_run)
+    except ValueError as err:
+        return {"status": "error", "error": str(err)}
+    if reason:
+        return {"status": "skipped", "reason": reason}
+    left = deadline - time.monotonic()
+    if left < MIN_START_S:
+        return {"status": "skipped", "reason": f"no time left ({left:.0f} s before the deadline)"}
+    start = time.monotonic()
+    entry = run_child(m, opts, min(left, max(3 * m.h200_s, 120)), workdir, log)
+    return {**entry, "wall_s": round(time.monotonic() - start, 1)}
+
+
+def plan_main(opts) -> int:
+    chosen = [m for m in PLAN if not opts.only or m.name in opts.only.split(",")]
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta(opts), "plan": [plan_row(m) for m in chosen], "results": {}}
+    write_json(out, doc)
+    started, deadline = time.monotonic(), time.monotonic() + opts.deadline_s
+    signal.signal(signal.SIGTERM, cut_short)
+    with tempfile.TemporaryDirectory(prefix="zerojax-bench-") as workdir, open(out.with_suffix(".log"), "a") as log:
+        # One compilation cache for the plan: the fit search and its real step share programs.
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(workdir) / "jax-cache"))
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        cut = False
+        try:
+            for m in chosen:
+                doc["results"][m.name] = run_one(m, opts, deadline, Path(workdir), log)
+                record(out, doc, m.name, started)
+        except CutShort:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+            cut = True
+            for m in chosen:
+                doc["results"].setdefault(m.name, {"status": "skipped", "reason": "cut short by the hard time limit"})
+    doc["meta"].update(elapsed_s=round(time.monotonic() - started, 1), finished=True, cut_short=cut)
+    doc["summary"] = summary(doc)
+    write_json(out, doc)
+    print(markdown(doc))
+    return 124 if cut else 0  # as timeout(1) says it
+
+
+def record(out: Path, doc: dict, name: str, started: float) -> None:
+    doc["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
+    doc["summary"] = summary(doc)
+    write_json(out, doc)
+    entry = doc["results"][name]
+    said = entry.get("reason") or entry.get("error") or (f"{entry['tokens_per_sec']:,.0f} tokens/s"
+                                                          if "tokens_per_sec" in entry else "")
+    print(f"[{doc['meta']['elapsed_s']:6.1f} s] {name}: {entry['status']} {said}", flush=True)
+
+
+def meta(opts) -> dict:
+    try:  # the GPU machine gets a copy of the working tree, maybe without git
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv), "dry_run": opts.dry_run, "deadline_s": opts.deadline_s,
+            "commit": commit or None, "python": sys.version.split()[0],
+            "finished": False, "estimated_h200_s": SETUP_S + sum(m.h200_s for m in PLAN)}
+
+
+def plan_row(m: Measurement) -> dict:
+    return {"name": m.name, "what": m.what, "h200_s": m.h200_s, "config": m.config,
+            "overrides": list(m.overrides), "feature": m.feature, "baseline": m.baseline}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a plan's JSON says, as ratios and as Markdown for BENCHMARKS.md.
+
+
+def summary(doc: dict) -> dict:
+    res = doc["results"]
+    ok = lambda name: res.get(name, {}).get("status") == "ok" and "step_s" in res[name]
+    ratio = lambda a, b, key: res[a][key] / res[b][key] if ok(a) and ok(b) else None
+    out = {f"{s}_stage3_over_stage0_tokens_per_sec": ratio(f"gpt1b_s3_{s}", f"gpt1b_s0_{s}", "tokens_per_sec")
+           for s in ("shard_map", "gspmd")}
+    out["shard_map_over_gspmd_stage3_tokens_per_sec"] = ratio(S3, "gpt1b_s3_gspmd", "tokens_per_sec")
+    for m in PLAN:
+        if m.baseline:
+            out[f"{m.name}_step_s_over_{m.baseline}"] = ratio(m.name, m.baseline, "step_s")
+    return out
+
+
+def markdown(doc: dict) -> str:
+    meta, res = doc["meta"], doc["results"]
+    device = next((f"{e['devices']} x {e['device_kind']}, jax {e['jax']}" for e in res.values() if "jax" in e), "?")
+    dry = " (dry run: CPU, tiny shapes; a rehearsal, not results)" if meta["dry_run"] else ""
+    lines = [f"{meta['date']}, {device}, commit {meta['commit']}, {meta.get('elapsed_s', 0)} s{dry}",
+             f"`{meta['command']}`", "",
+             "| measurement | tokens/s | step | MFU | peak (memory_stats) | analyze peak | compile | wall |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [table_row(name, e) for name, e in res.items()]
+    ratios = [f"- {k}: {v:.3f}" for k, v in doc.get("summary", {}).items() if v is not None]
+    return "\n".join(lines + ([""] + ratios if ratios else []))
+
+
+def human(n: float, unit: str = "B") -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}"
+
+
+def cell(value, form) -> str:
+    return "-" if value is None else form(value) if callable(form) else form.format(value)
+
+
+def table_row(name: str, e: dict) -> str:
+    if e["status"] != "ok":
+        return f"| {name} | {e['status']}: {e.get('reason') or e.get('error')} |" + " |" * 6
+    found = e.get("found") or {}
+    if found:
+        name += (f" (fits: d_model {found['d_model']}, {found['n_layers']} layers, "
+                 f"{found['params']:,} parameters; real step {'ran' if e.get('confirmed') else 'failed'})")
+    cells = [name, cell(e.get("tokens_per_sec"), "{:,.0f}"), cell(e.get("step_s"), "{:.3f} s"),
+             cell(e.get("mfu"), "{:.1%}"), cell(e.get("peak_bytes_in_use"), human),
+             cell(e.get("analyze_peak_bytes", found.get("peak_bytes")), human),
+             cell(e.get("compile_s"), "{:.1f} s"), cell(e.get("wall_s"), "{:.0f} s")]
+    return "| " + " | ".join(cells) + " |"
+
+
+# ---------------------------------------------------------------------------------------------
+# `stages`: every stage and schedule in one process (BENCHMARKS.md's CPU table).
+
+
+def stages_main(opts) -> int:
+    cfg = load_config(opts.config, opts.overrides)
     rows = []
-    for schedule in schedules:
-        for stage in stages:
-            setup, compiled, compile_s = timed_compile(with_zero(cfg, stage=stage, schedule=schedule))
-            report = accounting.stage_report(setup, compiled, params)
-            rows.append({"schedule": schedule, "stage": stage, "compile_s": compile_s,
-                         **throughput(setup, compiled, args.steps),
-                         "comm_bytes": report["comm_bytes"], "comm_theory_bytes": report["comm_theory_bytes"],
-                         "peak_bytes": accounting.peak_bytes(report), "temp_bytes": report["temp_bytes"],
-                         "argument_bytes": report["argument_bytes"]})
-            if args.peak_tflops:  # model FLOPs utilisation, summed over the devices
-                rows[-1]["mfu"] = rows[-1]["tokens_per_sec"] * flops / (args.peak_tflops * 1e12 * jax.device_count())
+    for schedule in opts.schedules.split(","):
+        for stage in (int(s) for s in opts.stages.split(",")):
+            zero = dataclasses.replace(cfg.zero, stage=stage, schedule=schedule)
+            row = throughput(dataclasses.replace(cfg, zero=zero), opts)
+            row.pop("peak_bytes_in_use")  # the process's peak so far, not this configuration's
+            rows.append({"schedule": schedule, "stage": stage, **row})
             print(json.dumps(rows[-1]), flush=True)
-    compile_s = {n: timed_compile(with_layers(cfg, n))[2] for n in (2, 16)}
+    doc = {"rows": rows, "summary": stages_summary(cfg, rows), "overrides": opts.overrides, **device_info()}
+    print(json.dumps(doc["summary"], indent=1))
+    if opts.out:
+        write_json(Path(opts.out), doc)
+    return 0
+
+
+def stages_summary(cfg, rows: list[dict]) -> dict:
     by = {(r["schedule"], r["stage"]): r for r in rows}
     ratio = lambda a, b, key: by[a][key] / by[b][key] if a in by and b in by else None
-    summary = {
-        "params": params, "flops_per_token": flops, "devices": jax.device_count(),
-        "platform": jax.devices()[0].platform, "jax": jax.__version__,
-        "compile_s_2_layers": compile_s[2], "compile_s_16_layers": compile_s[16],
-        "compile_16_over_2": compile_s[16] / compile_s[2],
-        "stage3_over_stage0_tokens_per_sec": {s: ratio((s, 3), (s, 0), "tokens_per_sec") for s in schedules},
-        "shard_map_over_gspmd_stage3_bytes": ratio(("shard_map", 3), ("gspmd", 3), "comm_bytes"),
-        "shard_map_over_gspmd_stage3_temp": ratio(("shard_map", 3), ("gspmd", 3), "temp_bytes"),
-    }
-    print(json.dumps(summary, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"rows": rows, "summary": summary, "overrides": args.overrides}, f, indent=1)
+    compile_s = {}
+    for n in (2, 16):  # the blocks are a lax.scan: compile time should not grow with depth
+        start = time.perf_counter()
+        compile_step(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n)))
+        compile_s[n] = time.perf_counter() - start
+    return {"compile_s_2_layers": compile_s[2], "compile_s_16_layers": compile_s[16],
+            "compile_16_over_2": compile_s[16] / compile_s[2],
+            **{f"{s}_stage3_over_stage0_tokens_per_sec": ratio((s, 3), (s, 0), "tokens_per_sec")
+               for s in ("shard_map", "gspmd")},
+            "shard_map_over_gspmd_stage3_bytes": ratio(("shard_map", 3), ("gspmd", 3), "comm_bytes"),
+            "shard_map_over_gspmd_stage3_temp": ratio(("shard_map", 3), ("gspmd", 3), "temp_bytes")}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan, one = sub.add_parser("plan"), sub.add_parser("measure")
+    stages = sub.add_parser("stages")
+    for p in (plan, one, stages):
+        p.add_argument("--steps", type=int, default=5)
+        p.add_argument("--warmup", type=int, default=2)
+        p.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU (H200 bf16: 989)")
+        p.add_argument("--xla-preset", help="e.g. gpu (zerojax.mesh.XLA_PRESETS)")
+    for p in (plan, one):
+        p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: the CI rehearsal")
+        p.add_argument("--fit-budget-gb", type=float, help="the fit search's budget (default: the device's limit)")
+        p.add_argument("--fit-max-steps", type=int, default=12, help="the fit search's most scalings (x2 parameters each)")
+    plan.add_argument("--out", default="runs/bench_gpu/bench_gpu.json")
+    plan.add_argument("--deadline-s", type=float, default=470, help="start nothing that cannot end by then")
+    plan.add_argument("--only", help="comma-separated measurement names")
+    one.add_argument("name", choices=list(BY_NAME))
+    one.add_argument("--result", required=True)
+    sub.add_parser("summary").add_argument("file")
+    stages.add_argument("--config")
+    stages.add_argument("--stages", default="0,1,2,3")
+    stages.add_argument("--schedules", default="shard_map,gspmd")
+    stages.add_argument("--out")
+    stages.add_argument("overrides", nargs="*")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if opts.command == "summary":
+        print(markdown(json.loads(Path(opts.file).read_text())))
+        return 0
+    if opts.command == "stages" and opts.xla_preset:
+        apply_xla_preset(opts.xla_preset)
+    return {"plan": plan_main, "measure": measure_main, "stages": stages_main}[opts.command](opts)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

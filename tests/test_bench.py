@@ -1,0 +1,149 @@
+"""The GPU benchmark's rehearsal: `scripts/bench_gpu.sh --dry-run` runs the whole plan on CPU
+with tiny shapes, and every planned measurement leaves its JSON entry or a named skip. So the
+script cannot rot between GPUs."""
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+bench = sys.modules["bench"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+spec.loader.exec_module(bench)
+
+THROUGHPUT_KEYS = ("step_s", "tokens_per_sec", "mfu", "compile_s", "params", "loss", "analyze_peak_bytes",
+                   "temp_bytes", "comm_bytes", "peak_bytes_in_use", "platform", "devices", "wall_s")
+FIT_KEYS = ("stage", "budget_bytes", "found", "confirmed", "step_s", "tokens_per_sec", "mfu", "peak_bytes_in_use")
+
+
+def clean_env(**more):
+    """The environment CI gives the script: none of conftest's device flags."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return {**env, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **more}  # this checkout's zerojax
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    start = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh"), "--dry-run"], cwd=ROOT,
+                          env=clean_env(OUT=str(out)), capture_output=True, text=True, timeout=600)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "bench_gpu.json").read_text()), proc.stdout, seconds
+
+
+@pytest.mark.slow
+def test_dry_run_measures_every_planned_measurement_or_names_its_skip(dry_run):
+    doc, stdout, seconds = dry_run
+    assert doc["meta"]["dry_run"] and doc["meta"]["finished"] and not doc["meta"]["cut_short"]
+    assert [row["name"] for row in doc["plan"]] == [m.name for m in bench.PLAN]
+    assert set(doc["results"]) == {m.name for m in bench.PLAN}
+    for m in bench.PLAN:
+        entry = doc["results"][m.name]
+        if entry["status"] == "skipped":  # only a feature that has not landed may be skipped
+            assert m.feature and entry["reason"].startswith(m.feature), (m.name, entry)
+            continue
+        assert entry["status"] == "ok", (m.name, entry)
+        keys = FIT_KEYS if m.fit_stage is not None else THROUGHPUT_KEYS
+        assert not [k for k in keys if k not in entry], (m.name, entry)
+        assert entry["step_s"] > 0 and math.isfinite(entry["loss"]) and 0 < entry["mfu"] < 1
+        assert entry["peak_bytes_in_use"] is None and "None on cpu" in entry["memory_stats"]  # CPU: no stats
+        assert entry["devices"] == 8  # the package simulates them itself, no XLA_FLAGS
+    print(f"dry run: {seconds:.0f} s")
+    for m in bench.PLAN:  # each row of the summary names its measurement
+        assert f"| {m.name}" in stdout
+
+
+@pytest.mark.slow
+def test_dry_run_fit_search_found_a_size_under_its_budget_and_ran_it(dry_run):
+    doc, _, _ = dry_run
+    for m in (m for m in bench.PLAN if m.fit_stage is not None):
+        entry = doc["results"][m.name]
+        assert entry["found"]["peak_bytes"] <= entry["budget_bytes"], entry
+        assert entry["confirmed"] and entry["stage"] == m.fit_stage
+
+
+@pytest.mark.slow
+def test_dry_run_compares_options_and_schedules(dry_run):
+    doc, _, _ = dry_run
+    summary = doc["summary"]
+    assert summary["shard_map_over_gspmd_stage3_tokens_per_sec"] > 0
+    for m in (m for m in bench.PLAN if m.baseline):  # None where the feature has not landed
+        ok = doc["results"][m.name]["status"] == "ok"
+        assert (summary[f"{m.name}_step_s_over_{m.baseline}"] is not None) == ok
+
+
+def test_plan_fits_in_eight_minutes_of_an_h200():
+    assert bench.SETUP_S + sum(m.h200_s for m in bench.PLAN) <= 8 * 60
+    assert len({m.name for m in bench.PLAN}) == len(bench.PLAN)
+    assert all(m.baseline in bench.BY_NAME for m in bench.PLAN if m.baseline)
+
+
+def test_missing_feature_is_a_named_skip_but_a_broken_core_config_is_an_error():
+    feature = bench.Measurement("x", "x", 1, ("zero.no_such_key=1",), feature="zero.no_such_key")
+    assert bench.unavailable(feature, dry_run=True).startswith("zero.no_such_key: not in zerojax yet")
+    with pytest.raises(ValueError, match="no_such_key"):
+        bench.unavailable(bench.Measurement("x", "x", 1, ("zero.no_such_key=1",)), dry_run=True)
+    assert bench.unavailable(bench.BY_NAME["gpt1b_s3_shard_map"], dry_run=False) is None
+
+
+def test_without_a_gpu_the_real_run_fails_fast_and_says_why(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh")], cwd=ROOT, capture_output=True, text=True,
+                          env=clean_env(OUT=str(tmp_path), JAX_PLATFORMS="cpu"), timeout=120)
+    assert proc.returncode == 2 and "has no GPU backend" in proc.stderr
+    assert not (tmp_path / "bench_gpu.json").exists()
+
+
+def run_plan(tmp_path, *args):
+    """`bench.py plan --dry-run`, its working files (and so its children's command lines) in tmp_path."""
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench.py"), "plan", "--dry-run",
+                             "--out", str(tmp_path / "b.json"), *args], cwd=ROOT, env=clean_env(TMPDIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_no_time_left_skips_everything_by_name(tmp_path):
+    proc = run_plan(tmp_path, "--deadline-s", "0")
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert {e["status"] for e in doc["results"].values()} == {"skipped"}
+    assert len(doc["results"]) == len(bench.PLAN)
+
+
+def test_sigterm_keeps_what_was_measured_and_names_the_rest(tmp_path):
+    """What the hard timeout does: the running measurement's process group is killed, the rest
+    are recorded as cut short, and the JSON document is complete."""
+    proc = run_plan(tmp_path, "--only", "gpt1b_s0_shard_map,gpt1b_s3_shard_map")
+    log = tmp_path / "b.log"
+    deadline = time.monotonic() + 60
+    while "== gpt1b_s0_shard_map" not in (log.read_text() if log.exists() else ""):  # a child is running
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        time.sleep(0.2)
+    assert children_of(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 124
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["meta"]["cut_short"] and doc["meta"]["finished"]
+    assert [e["reason"] for e in doc["results"].values()] == ["cut short by the hard time limit"] * 2
+    assert not children_of(tmp_path)
+
+
+def children_of(tmp_path) -> list[str]:
+    """Measurements still running whose command line names this test's directory."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found += [text] if str(tmp_path) in text and "bench.py measure" in text else []
+    return found
