@@ -21,7 +21,9 @@ TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=6
 
 
 def env():
-    e = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # launch_local.sh runs zerojax with the interpreter running these tests (not $PYTHON, which
+    # `make test PYTHON=python3.13` sets to the bare Python that created .venv)
+    e = {**os.environ, "JAX_PLATFORMS": "cpu", "ZEROJAX_PYTHON": sys.executable}
     e.pop("XLA_FLAGS", None)
     return e
 
