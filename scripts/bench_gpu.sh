@@ -14,4 +14,4 @@ python -c "import flax, optax, orbax.checkpoint, ml_dtypes, yaml, rich" 2>/dev/n
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 timeout 280 python scripts/bench.py --config configs/gpt-1b.yaml --steps 5 --stages 0,3 \
   --schedules shard_map,gspmd --peak-tflops 989 --xla-preset gpu --out "$out/bench_gpu.json" \
-  train.global_batch=8 train.grad_accum=1 mesh.data=1
+  train.global_batch=8 train.grad_accum=1 mesh.replica=1 mesh.data=1

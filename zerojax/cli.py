@@ -133,7 +133,7 @@ def cmd_train(args) -> int:
     if jax_process_index() != 0:  # process 0 speaks for the run
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name}: {setup.mesh.devices.size} {setup.mesh.devices.flat[0].platform} "
-          f"devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, compute {setup.policy.compute.name}")
+          f"devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, stage {cfg.zero.stage}, compute {setup.policy.compute.name}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)
