@@ -2,10 +2,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from zerojax import cli
 
 
@@ -60,13 +60,27 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_module_and_console_script_agree():
-    assert (ROOT / "zerojax" / "__main__.py").is_file()
-    assert cli.build_parser().prog == "zerojax"
+@pytest.mark.parametrize("args", [
+    ["formats", "0.1", "70000", "--json"],
+    ["memory", "--params", "7.5e9", "--devices", "64"],
+    ["formats", "abc"],  # bad input: exit 2, one line
+    ["formats", "1", "--bogus"],
+    ["train", "--help"],  # the usage line names the program
+], ids=" ".join)
+def test_module_and_console_script_agree(args, tmp_path):
+    script = Path(sys.executable).parent / "zerojax"  # pip puts console scripts next to the interpreter
+    if not script.is_file():
+        pytest.skip(f"no console script at {script}: zerojax is not installed into this environment")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    module, console = [subprocess.run(command + args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                       for command in ([sys.executable, "-m", "zerojax"], [str(script)])]
+    assert (console.returncode, console.stdout, console.stderr) == (module.returncode, module.stdout, module.stderr)
+    assert module.returncode == (2 if "abc" in args or "--bogus" in args else 0), module.stderr
+    assert module.stdout if module.returncode == 0 else module.stderr.startswith("zerojax: error: ")
 
 
 def test_gpu_xla_preset_only_when_asked(tiny_overrides, tmp_path):
-    assert cli.main is not None and "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # import sets nothing
+    assert "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # importing zerojax.cli (above) set nothing
     proc = zerojax("train", "--no-progress", "--xla-preset", "gpu", *tiny_overrides, cwd=tmp_path)
     # the flags are known to this jaxlib's XLA (an unknown flag aborts the process at start-up)
     assert proc.returncode == 0, proc.stderr
