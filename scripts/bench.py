@@ -43,24 +43,46 @@ sys.path.insert(0, str(ROOT))  # this checkout's zerojax, installed or not (the 
 from zerojax import accounting, config, mesh  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
-# The library, reached only through these few names: zerojax's modules move (train.py is being
-# split into step.py and the loop); only this section should have to follow them.
+# The library, reached only through these few names: when zerojax's modules move, only this
+# section should have to follow them.
 
-load_config = config.load  # (path, overrides) -> Config; ValueError on an unknown key or value
-compile_step = accounting.compile_step  # Config -> (setup, compiled step), nothing allocated
-count_params, flops_per_token = accounting.count_params, accounting.flops_per_token
-stage_report, peak_bytes = accounting.stage_report, accounting.peak_bytes  # `zerojax analyze`
+load_config = config.load  # (path, overrides) -> Config; ValueError (ConfigError) on bad input
+count_params, peak_bytes = accounting.count_params, accounting.peak_bytes
 largest_fitting = accounting.largest_fitting  # `zerojax analyze --budget-gb`
 apply_xla_preset = mesh.apply_xla_preset
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A config and its compiled step's Step (mesh, plan, policy, units)."""
+
+    cfg: object
+    step: object
+
+    @property
+    def mesh(self):
+        return self.step.mesh
+
+
+def compile_step(cfg):
+    """Config -> (Setup, compiled step), nothing allocated."""
+    step, compiled = accounting.compile_step(cfg)
+    return Setup(cfg, step), compiled
+
+
+def stage_report(setup, compiled, params: int) -> dict:  # `zerojax analyze`'s row
+    return accounting.stage_report(setup.cfg, setup.step, compiled, params)
+
+
+def flops_per_token(cfg) -> float:  # the model's own count (GPT, Llama: PaLM's formula)
+    return accounting.model_flops_per_token(cfg)
+
+
 def init_state(setup):
     """The real (allocated) train state of a compiled setup."""
-    try:
-        from zerojax.step import init_state as init  # after train.py's split
-    except ImportError:
-        from zerojax.train import init_state as init
-    return init(setup)
+    from zerojax.step import init_state as init
+
+    return init(setup.step)
 
 
 def batch_sharding(setup):
@@ -170,7 +192,7 @@ def rates(setup, params: int, step_s: float, opts) -> dict:
     tokens_per_sec = cfg.train.global_batch * cfg.model.seq_len / step_s
     out = {"step_s": step_s, "tokens_per_sec": tokens_per_sec}
     if opts.peak_tflops:  # model FLOPs utilisation, summed over the devices (PaLM appendix B)
-        flops = flops_per_token(params, cfg.model.n_layers, cfg.model.seq_len, cfg.model.d_model)
+        flops = flops_per_token(cfg)
         out["mfu"] = tokens_per_sec * flops / (opts.peak_tflops * 1e12 * setup.mesh.devices.size)
     return out
 

@@ -5,12 +5,20 @@
 #   scripts/launch_local.sh 2 zero.stage=3 mesh.replica=2 mesh.data=4
 # SIGTERM/SIGINT are forwarded to every process; if one fails, the others are stopped and the
 # launcher exits with its code.
+# The interpreter that runs zerojax: $ZEROJAX_PYTHON if set, else the repository's .venv, else
+# python3. (Not $PYTHON: that is the Makefile's bare interpreter that creates .venv.)
 set -u
 [ $# -ge 1 ] && [[ "$1" =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 P [zerojax train args...]" >&2; exit 2; }
 procs=$1; shift
 here=$(cd "$(dirname "$0")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
-[ -x "$python" ] || python=python3
+if [ -n "${ZEROJAX_PYTHON:-}" ]; then
+  python=$ZEROJAX_PYTHON
+  command -v "$python" >/dev/null || { echo "zerojax: launch_local: ZEROJAX_PYTHON=$python is not an executable" >&2; exit 2; }
+elif [ -x "$here/.venv/bin/python" ]; then
+  python=$here/.venv/bin/python
+else
+  python=python3
+fi
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
 stop() { kill -s "$1" "${pids[@]}" 2>/dev/null; }

@@ -37,7 +37,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("after", [
-    ["mesh.data=4", "zero.stage=1"],
+    ["mesh.replica=1", "mesh.data=4", "zero.stage=1"],
     ["mesh.replica=2", "mesh.data=4", "zero.stage=2"],
     ["zero.stage=3", "zero.schedule=gspmd"],
 ], ids=lambda a: " ".join(a))
@@ -84,7 +84,7 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
     np.testing.assert_allclose(np.asarray(fresh), np.asarray(trained), rtol=1e-5, atol=1e-5)
     # and back: init_from starts a new run from exactly these weights (bf16 export rounds them)
     ft = train.prepare(config.load(
-        overrides=BASE + ["zero.stage=1", "mesh.data=4", f"model.init_from={out}", f"train.out_dir={tmp_path / 'ft'}"]))
+        overrides=BASE + ["zero.stage=1", "mesh.replica=1", "mesh.data=4", f"model.init_from={out}", f"train.out_dir={tmp_path / 'ft'}"]))
     start = train.start_state(ft, None, None, None)
     for name, value in tensors.items():
         np.testing.assert_array_equal(np.asarray(checkpoint._get(start.params, name))[tuple(slice(0, s) for s in value.shape)], value)

@@ -3,10 +3,10 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from zerojax import cli
 
 
@@ -41,8 +41,10 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["train", "--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
     (["train", "data.source=missing.txt"], "data.source='missing.txt': no such file"),
     (["train", "train.global_batch=12"], "must be divisible by the data-parallel size mesh.replica x mesh.data = 8"),
-    (["train", "mesh.data=16"], "mesh.replica=1 x mesh.data=16 needs 16 devices but only 8 cpu devices exist"),
-    (["train", "mesh.replica=3"], "train.global_batch=32 / train.grad_accum=1 = 32 rows per microbatch"),
+    (["train", "mesh.data=16"], "mesh.data=16 needs 16 devices but only 8 cpu devices exist; choose mesh.data from 1, 2, 4, 8"),
+    (["train", "mesh.data=3"], "mesh.data=3 does not divide the 8 cpu devices; choose mesh.data from 1, 2, 4, 8"),
+    (["train", "mesh.replica=3"], "mesh.replica=3 does not divide the 8 cpu devices; choose mesh.replica from 1, 2, 4, 8"),
+    (["train", "mesh.replica=2", "mesh.data=8"], "mesh.replica=2 x mesh.data=8 needs 16 devices but only 8 cpu"),
     (["train", "zero.schedule=gspmd", "precision.reduce=bf16"], "precision.reduce='bfloat16': choosing the reduce dtype under gspmd is not implemented"),
     (["train", "optim.freeze=hed"], "optim.freeze pattern 'hed' matches no parameter"),
     (["analyze", "--stages", "0,4"], "'0,4' is not a list of stages"),
@@ -59,13 +61,27 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_module_and_console_script_agree():
-    assert (ROOT / "zerojax" / "__main__.py").is_file()
-    assert cli.build_parser().prog == "zerojax"
+@pytest.mark.parametrize("args", [
+    ["formats", "0.1", "70000", "--json"],
+    ["memory", "--params", "7.5e9", "--devices", "64"],
+    ["formats", "abc"],  # bad input: exit 2, one line
+    ["formats", "1", "--bogus"],
+    ["train", "--help"],  # the usage line names the program
+], ids=" ".join)
+def test_module_and_console_script_agree(args, tmp_path):
+    script = Path(sys.executable).parent / "zerojax"  # pip puts console scripts next to the interpreter
+    if not script.is_file():
+        pytest.skip(f"no console script at {script}: zerojax is not installed into this environment")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    module, console = [subprocess.run(command + args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                       for command in ([sys.executable, "-m", "zerojax"], [str(script)])]
+    assert (console.returncode, console.stdout, console.stderr) == (module.returncode, module.stdout, module.stderr)
+    assert module.returncode == (2 if "abc" in args or "--bogus" in args else 0), module.stderr
+    assert module.stdout if module.returncode == 0 else module.stderr.startswith("zerojax: error: ")
 
 
 def test_gpu_xla_preset_only_when_asked(tiny_overrides, tmp_path):
-    assert cli.main is not None and "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # import sets nothing
+    assert "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # importing zerojax.cli (above) set nothing
     proc = zerojax("train", "--no-progress", "--xla-preset", "gpu", *tiny_overrides, cwd=tmp_path)
     # the flags are known to this jaxlib's XLA (an unknown flag aborts the process at start-up)
     assert proc.returncode == 0, proc.stderr

@@ -62,7 +62,25 @@ def test_bad_sources(tmp_path, make, message):
         data.load_corpus(str(path), 0.1, 16)
 
 
-def test_process_rows_cover_the_local_devices():
-    m = mesh.make_mesh(mesh.MeshConfig(replica=2, data=4))
-    assert data.process_rows(mesh.batch_sharding(m), 16) == slice(0, 16)  # one process owns all
-    assert jax.process_count() == 1
+class AsProcess:
+    """A sharding as process `index` of `count` would see it: JAX numbers devices process by
+    process, so that process addresses the index-th contiguous block of `jax.devices()`."""
+
+    def __init__(self, sharding, index, count):
+        per = len(jax.devices()) // count
+        self.sharding, self.local = sharding, set(jax.devices()[index * per : (index + 1) * per])
+
+    def addressable_devices_indices_map(self, shape):
+        return {d: i for d, i in self.sharding.devices_indices_map(shape).items() if d in self.local}
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", [(1, 8), (2, 4), (4, 2), (8, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_process_rows_cover_the_local_devices(shape, processes):
+    sharding = mesh.batch_sharding(mesh.make_mesh(mesh.MeshConfig(replica=shape[0], data=shape[1])))
+    batch = 16
+    for p in range(processes):
+        rows = data.process_rows(AsProcess(sharding, p, processes), batch)
+        # the batch is split over every device in order, so process p of P holds its P-th of the rows
+        assert rows == slice(p * batch // processes, (p + 1) * batch // processes)
+    assert data.process_rows(sharding, batch) == slice(0, batch) and jax.process_count() == 1  # this process

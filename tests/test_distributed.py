@@ -21,7 +21,9 @@ TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=6
 
 
 def env():
-    e = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # launch_local.sh runs zerojax with the interpreter running these tests (not $PYTHON, which
+    # `make test PYTHON=python3.13` sets to the bare Python that created .venv)
+    e = {**os.environ, "JAX_PLATFORMS": "cpu", "ZEROJAX_PYTHON": sys.executable}
     e.pop("XLA_FLAGS", None)
     return e
 
@@ -43,15 +45,21 @@ def one_process(out, *args):
     return losses(out)
 
 
-@pytest.mark.parametrize("extra", [
-    ["zero.stage=3", "zero.schedule=shard_map"],
-    ["zero.stage=1", "zero.schedule=gspmd"],
-    ["zero.stage=3", "mesh.replica=2", "mesh.data=4"],  # one replica per process
-], ids=lambda e: " ".join(e))
-def test_two_processes_equal_one(extra, tmp_path):
+# (overrides, the mesh the startup line shows on 2 processes x 4 devices)
+TWO_PROCESS_CASES = [
+    (["zero.stage=3", "zero.schedule=shard_map"], "{'replica': 2, 'data': 4} (default: one replica per process"),
+    (["zero.stage=1", "zero.schedule=gspmd"], "{'replica': 2, 'data': 4}"),
+    (["zero.stage=3", "mesh.replica=2", "mesh.data=4"], "{'replica': 2, 'data': 4},"),  # one replica per process
+    (["zero.stage=3", "mesh.data=8"], "{'replica': 1, 'data': 8},"),  # one FSDP group over both processes
+]
+
+
+@pytest.mark.parametrize("extra, mesh", TWO_PROCESS_CASES, ids=[" ".join(e) for e, _ in TWO_PROCESS_CASES])
+def test_two_processes_equal_one(extra, mesh, tmp_path):
     reference = one_process(tmp_path / "one", "train.steps=5", "train.ckpt_every=0", *extra)
     proc = launch(2, tmp_path / "two", "train.steps=5", *extra)
     assert "8 cpu devices" in proc.stdout and proc.stdout.count("zerojax: done") == 1  # process 0 speaks
+    assert f"mesh {mesh}" in proc.stdout, proc.stdout
     np.testing.assert_allclose(losses(tmp_path / "two"), reference, rtol=1e-5)
 
 

@@ -1,8 +1,6 @@
 import json
 import math
 
-import ml_dtypes
-import numpy as np
 import pytest
 
 from zerojax import cli, formats
@@ -10,21 +8,72 @@ from zerojax import cli, formats
 VALUES = [0.1, 1.0, -2.5, 70000.0, 0.000001, 1e-8, 3.14159, 448.0, 65504.0, 1e30, -0.0, 2.0**-20]
 
 
+# The seed's table, written out: exponent bits, mantissa bits, whether the top exponent is
+# inf/NaN (IEEE) or, in E4M3's "fn" variant, ordinary numbers except S.1111.111 = NaN.
+LAYOUT = {"float32": (8, 23, True), "bfloat16": (8, 7, True), "float16": (5, 10, True),
+          "float8_e4m3fn": (4, 3, False), "float8_e5m2": (5, 2, True)}
+
+
+def decode(sign: str, exponent: str, mantissa: str, name: str) -> float:
+    """The value of a bit pattern, by the test's own arithmetic (no numpy, no ml_dtypes)."""
+    e_bits, m_bits, ieee = LAYOUT[name]
+    e, m, bias, top = int(exponent, 2), int(mantissa, 2), 2 ** (e_bits - 1) - 1, 2**e_bits - 1
+    s = -1.0 if sign == "1" else 1.0
+    if e == top and (ieee or m == 2**m_bits - 1):
+        return s * math.inf if ieee and m == 0 else math.nan
+    if e == 0:  # subnormal: 0.mantissa x 2^(1 - bias)
+        return s * m * 2.0 ** (1 - bias - m_bits)
+    return s * (1 + m / 2**m_bits) * 2.0 ** (e - bias)
+
+
+def code_value(code: int, name: str, sign: str = "0") -> float:
+    """The value of exponent and mantissa bits read together as one integer `code`."""
+    e_bits, m_bits, _ = LAYOUT[name]
+    word = format(code, f"0{e_bits + m_bits}b")
+    return decode(sign, word[:e_bits], word[e_bits:], name)
+
+
+def largest_code(name: str) -> int:
+    """IEEE: exponent 1..10, mantissa all ones; E4M3fn: all ones but the last mantissa bit."""
+    e_bits, m_bits, ieee = LAYOUT[name]
+    return 2 ** (e_bits + m_bits) - 1 - (2**m_bits if ieee else 1)
+
+
+def test_the_decoder_reads_the_seeds_table():
+    # largest finite value and gap after 1.0, as the seed's table gives them
+    for name, largest, gap in [("float32", (2 - 2**-23) * 2.0**127, 2**-23), ("bfloat16", (2 - 2**-7) * 2.0**127, 2**-7),
+                               ("float16", 65504, 2**-10), ("float8_e4m3fn", 448, 2**-3), ("float8_e5m2", 57344, 2**-2)]:
+        e_bits, m_bits, _ = LAYOUT[name]
+        one = (2 ** (e_bits - 1) - 1) << m_bits  # exponent = bias, mantissa 0
+        assert (code_value(one, name), code_value(largest_code(name), name)) == (1.0, largest)
+        assert code_value(one + 1, name) - 1.0 == gap
+
+
 @pytest.mark.parametrize("name", formats.FORMATS)
 @pytest.mark.parametrize("value", VALUES)
-def test_every_cell_matches_the_ml_dtypes_cast(name, value):
+def test_every_cell_decodes_to_the_nearest_value(name, value):
     s = formats.store(value, name)
-    with np.errstate(over="ignore"):
-        held = np.array(value).astype(formats.dtype(name))  # the reference cast
-    word = int(held.view(f"uint{held.dtype.itemsize * 8}"))
-    f = ml_dtypes.finfo(held.dtype)
-    assert (s.sign + s.exponent + s.mantissa) == format(word, f"0{held.dtype.itemsize * 8}b")
-    assert len(s.exponent) == f.nexp and len(s.mantissa) == f.nmant
-    ref = float(held.astype(np.float64))
-    assert (math.isnan(s.stored) and math.isnan(ref)) or s.stored == ref
-    if s.status == "ok" and value != 0:
-        assert s.rel_error == abs(ref - value) / abs(value)
-        assert s.rel_error <= f.eps / 2 or abs(value) < f.smallest_normal  # round to nearest
+    e_bits, m_bits, ieee = LAYOUT[name]
+    assert (len(s.sign), len(s.exponent), len(s.mantissa)) == (1, e_bits, m_bits)
+    assert s.sign == ("1" if math.copysign(1, value) < 0 else "0")
+    held = decode(s.sign, s.exponent, s.mantissa, name)
+    assert (math.isnan(held) and math.isnan(s.stored)) or held == s.stored
+    top = largest_code(name)
+    largest, half_gap = code_value(top, name), (code_value(top, name) - code_value(top - 1, name)) / 2
+    if abs(value) >= largest + half_gap:  # rounds past the largest finite value
+        assert s.status == ("overflow" if ieee else "nan")
+        assert math.isinf(s.stored) if ieee else math.isnan(s.stored)
+        return
+    # round to nearest: neither neighbouring code is closer to the value
+    code = int(s.exponent + s.mantissa, 2)
+    for other in (code - 1, code + 1):
+        if 0 <= other <= top:
+            assert abs(s.stored - value) <= abs(code_value(other, name, s.sign) - value), other
+    if s.stored == 0 and value != 0:
+        assert s.status == "underflow"
+    else:
+        assert s.status == "ok"
+        assert s.rel_error == (abs(s.stored - value) / abs(value) if value else 0.0)
 
 
 def test_bit_fields_decode_to_the_stored_value():
@@ -35,12 +84,14 @@ def test_bit_fields_decode_to_the_stored_value():
 
 
 def test_the_seeds_self_check_facts():
-    def add(a, b, name):
-        t = formats.dtype(name)
-        return float((np.array(a, t) + np.array(b, t)).astype(np.float64))
-
-    assert add(1.0, 0.0001, "float16") == 1.0 and add(1.0, 0.0001, "bfloat16") == 1.0
-    assert add(1.0, 0.0001, "float32") != 1.0
+    # 1 + 0.0001 is 1 in FP16 and BF16 (half their gap after 1.0, 2^-11 and 2^-8, is larger than
+    # 1e-4) but not in FP32 (2^-24)
+    fp16, bf16, fp32 = (formats.store(1.0001, name) for name in ("float16", "bfloat16", "float32"))
+    assert (fp16.bits, fp16.stored, fp16.status) == ("0 01111 0000000000", 1.0, "ok")
+    assert (bf16.bits, bf16.stored, bf16.status) == ("0 01111111 0000000", 1.0, "ok")
+    assert fp16.rel_error == pytest.approx(1e-4 / 1.0001)
+    assert fp32.bits == "0 01111111 00000000000001101000111"  # 1e-4 x 2^23 = 838.86: 1 + 839 x 2^-23
+    assert fp32.stored == 1 + 839 * 2.0**-23 and fp32.rel_error < 2.0**-24
     assert formats.store(70000, "float16").status == "overflow" and formats.store(70000, "float16").stored == math.inf
     assert formats.store(70000, "float8_e4m3fn").status == "nan"
     assert formats.store(70000, "bfloat16").status == "ok"

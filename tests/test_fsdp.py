@@ -28,7 +28,7 @@ def losses(overrides, tmp_path):
     ["zero.stage=2", "precision.reduce=float32", "mesh.replica=2", "mesh.data=4", "train.grad_accum=2"],
 ], ids=lambda e: " ".join(e))
 def test_schedule_variants_match_one_device(extra, tmp_path):
-    reference = losses(["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd"], tmp_path / "ref")
+    reference = losses(["mesh.replica=1", "mesh.data=1", "zero.stage=0", "zero.schedule=gspmd"], tmp_path / "ref")
     got = losses(["zero.stage=3", "zero.schedule=shard_map"] + extra, tmp_path / "run")
     np.testing.assert_allclose(got, reference, rtol=1e-5)  # fp32; only the order of sums differs
 

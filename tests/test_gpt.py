@@ -86,7 +86,7 @@ def test_bf16_compute_keeps_fp32_master():
 
 def test_untied_head_in_stage_3(tmp_path):
     common = TINY + SMALL + ["model.tie_embeddings=false"]
-    one, _ = run(common + ["mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
+    one, _ = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     np.testing.assert_allclose(three, one, rtol=1e-5)
     assert result["state"].params["head"]["lm_head"]["kernel"].sharding.spec == sharding.P(None, "data")
@@ -98,7 +98,7 @@ def test_padding_is_invisible(tmp_path):
     common = ["model.vocab_size=250", "model.d_model=36", "model.n_heads=2", "model.n_layers=2", "model.d_ff=72",
               "model.seq_len=16", "train.steps=4", "train.log_every=1", "train.eval_every=0",
               f"data.source={tmp_path / 'tokens.npy'}", "train.global_batch=16", "zero.min_shard_size=64"]
-    one, _ = run(common + ["mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
+    one, _ = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     np.testing.assert_allclose(three, one, rtol=1e-5)
     setup = train.prepare(config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"]))

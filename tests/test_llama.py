@@ -17,7 +17,7 @@ TINY = ["model.family=llama", "model.d_model=32", "model.n_layers=2", "model.n_h
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return run(TINY + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
+    return run(TINY + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
                        f"train.out_dir={tmp_path_factory.mktemp('ref')}"])[0]
 
 
@@ -33,7 +33,7 @@ def test_every_stage_matches_one_device(extra, schedule, reference, tmp_path):
 
 def test_remat_and_tied_head_under_the_explicit_schedule(tmp_path):
     common = TINY + ["model.tie_embeddings=true"]
-    one, _ = run(common + ["mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
+    one, _ = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     for remat in ("none", "dots"):
         got, _ = run(common + [f"model.remat={remat}", "zero.prefetch=2", f"train.out_dir={tmp_path / remat}"])
         np.testing.assert_allclose(got, one, rtol=1e-5)

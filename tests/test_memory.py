@@ -14,8 +14,9 @@ def test_the_papers_numbers():
 @pytest.mark.parametrize("params, devices, k, expected", [
     # by hand: 1e9 params on 8 devices: 16e9; 4e9 + 12e9/8; 2e9 + 14e9/8; 16e9/8
     (1e9, 8, 12, [16e9, 5.5e9, 3.75e9, 2e9]),
-    # 3B VLA on one GPU (the seed): 48 GB whatever the stage; K = 8 (e.g. 8-bit Adam + fp32 master)
+    # 3B VLA on one GPU (the seed): 48 GB whatever the stage
     (3e9, 1, 12, [48e9] * 4),
+    # K = 8 (e.g. 8-bit Adam + fp32 master), 100 params on 4 devices: 12·100; 4·100 + 8·100/4; ...
     (100, 4, 8, [1200, 400 + 200, 200 + 250, 300]),
 ])
 def test_hand_computed_cases(params, devices, k, expected):
@@ -58,9 +59,13 @@ def test_cli_bad_input_exits_2(args, capsys):
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
 
 
-def test_flops_per_token_bounds():
-    # PaLM appendix B: 6N + 12·L·T·D. GPT-2 small at T=1024: the attention term adds about 15%.
-    n, layers, t, d = 124_475_904, 12, 1024, 768
-    f = accounting.flops_per_token(n, layers, t, d)
-    assert f == 6 * n + 12 * layers * t * d
-    assert 6 * n < f < 1.2 * 6 * n
+@pytest.mark.parametrize("params, layers, seq_len, d_model, expected", [
+    # GPT-2 small at T=1024 (PaLM appendix B: 6N + 12·L·T·D): 6 x 124,475,904 = 746,855,424, plus
+    # attention's 12 x 12 x 1024 x 768 = 113,246,208 (15% more) = 860,101,632
+    (124_475_904, 12, 1024, 768, 860_101_632),
+    # configs/gpt-1b.yaml: Ψ = 50304·2048 + 2048·2048 + 24 x 50,358,272 (one block) + 2·2048
+    # = 1,315,819,520; 6Ψ = 7,894,917,120; 12 x 24 x 2048 x 2048 = 1,207,959,552
+    (1_315_819_520, 24, 2048, 2048, 9_102_876_672),
+])
+def test_flops_per_token(params, layers, seq_len, d_model, expected):
+    assert accounting.flops_per_token(params, layers, seq_len, d_model) == expected

@@ -23,7 +23,7 @@ TINY = [FAMILY, "model.d_model=32", "model.n_layers=2", "model.seq_len=16", "tra
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return run(TINY + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
+    return run(TINY + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
                        f"train.out_dir={tmp_path_factory.mktemp('ref')}"])[0]
 
 

@@ -19,7 +19,7 @@ from conftest import SMALL, TINY, run
 def reference(tmp_path_factory):
     """Stage 0 on one device: what every stage and mesh must reproduce."""
     out = tmp_path_factory.mktemp("ref")
-    return run(TINY + SMALL + ["mesh.data=1", "zero.stage=0", f"train.out_dir={out}"])[0]
+    return run(TINY + SMALL + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={out}"])[0]
 
 
 @pytest.mark.parametrize("extra", [
@@ -38,7 +38,7 @@ def test_every_stage_matches_one_device(extra, schedule, reference, tmp_path):
 
 
 def test_optimizer_equals_plain_optax_adamw(tmp_path):
-    overrides = TINY + SMALL + ["mesh.data=1", "zero.stage=0", "optim.clip_norm=0", "optim.schedule=constant",
+    overrides = TINY + SMALL + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", "optim.clip_norm=0", "optim.schedule=constant",
                                 "optim.warmup_steps=0", "optim.weight_decay=0.1", f"train.out_dir={tmp_path}"]
     setup = train.prepare(config.load(overrides=overrides))
     state = step_lib.init_state(setup.step)
@@ -91,7 +91,7 @@ def test_state_lives_in_the_plans_layout(stage, tmp_path):
 
 def test_clipping_uses_the_norm_of_the_whole_gradient(tmp_path):
     common = TINY + SMALL + ["optim.clip_norm=0.01", "train.steps=3"]
-    one, a = run(common + ["mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
+    one, a = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, b = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     assert all(line["grad_norm"] > 0.01 for line in b["history"])  # clipping was active
     np.testing.assert_allclose(three, one, rtol=1e-5)

@@ -131,8 +131,8 @@ def cmd_train(args) -> int:
     if jax_process_index() != 0:  # process 0 speaks for the run
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
-          f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}, stage {cfg.zero.stage}, "
-          f"compute {setup.step.policy.compute.name}")
+          f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, "
+          f"stage {cfg.zero.stage}, compute {setup.step.policy.compute.name}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)

@@ -139,26 +139,63 @@ def setup_devices(cfg: MeshConfig) -> list[jax.Device]:
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int, platform: str, processes: int = 1) -> tuple[int, int]:
-    """(replica, data) sizes; `replica=-1` is one replica per process (the `data` axis inside a
-    host), `data=-1` takes every device the replicas leave."""
-    replica = processes if cfg.replica == -1 else cfg.replica
-    data = cfg.data if cfg.data != -1 else n_devices // replica
-    if data < 1 or replica * data > n_devices:
-        need = replica * max(data, 1)
-        hint = f" (or raise mesh.cpu_devices, now {cfg.cpu_devices})" if platform == "cpu" else ""
+    """(replica, data) sizes over `n_devices` (all processes' devices). A -1 fills what the other
+    axis leaves, so the shape is the one asked for:
+
+        mesh.data=D, replica=-1     replica = devices / D  (D = devices: one FSDP group over all)
+        mesh.replica=R, data=-1     data = devices / R
+        both -1                     one replica per process, data = each process's devices
+                                    (hybrid sharding: the gathers stay inside a host)
+        both given                  R x D, the first R*D devices in JAX's order
+    """
+    if cfg.replica == -1 and cfg.data == -1:
+        return processes, n_devices // processes
+    if cfg.replica == -1 or cfg.data == -1:
+        given, size, other = (("mesh.data", cfg.data, "mesh.replica") if cfg.replica == -1
+                              else ("mesh.replica", cfg.replica, "mesh.data"))
+        if n_devices % size:
+            problem = _too_big(size, n_devices, platform) or f"does not divide the {n_devices} {platform} devices"
+            subset = f", or set {other} as well to use fewer devices" if size < n_devices else ""
+            raise ConfigError(
+                f"{given}={size} {problem}; choose {given} from {', '.join(map(str, divisors(n_devices)))} "
+                f"({other}=-1 fills the rest){subset}{_cpu_hint(cfg, platform)}")
+        return (n_devices // size, size) if cfg.replica == -1 else (size, n_devices // size)
+    if cfg.replica * cfg.data > n_devices:
         raise ConfigError(
-            f"mesh.replica={replica} x mesh.data={cfg.data} needs {need} devices but only "
-            f"{n_devices} {platform} devices exist; use mesh.data=-1 or a smaller mesh{hint}"
-        )
-    return replica, data
+            f"mesh.replica={cfg.replica} x mesh.data={cfg.data} "
+            f"{_too_big(cfg.replica * cfg.data, n_devices, platform)}; use a smaller mesh, or -1 for one "
+            f"of them to fill the devices{_cpu_hint(cfg, platform)}")
+    return cfg.replica, cfg.data
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _too_big(need: int, n_devices: int, platform: str) -> str:
+    return f"needs {need} devices but only {n_devices} {platform} devices exist" if need > n_devices else ""
+
+
+def _cpu_hint(cfg: MeshConfig, platform: str) -> str:
+    return f" (or change mesh.cpu_devices, now {cfg.cpu_devices})" if platform == "cpu" else ""
+
+
+def shape_note(cfg: MeshConfig, processes: int | None = None) -> str:
+    """For the startup line: how the shape was chosen where the user did not choose it (the
+    default's per-process split)."""
+    processes = jax.process_count() if processes is None else processes
+    if cfg.replica == -1 and cfg.data == -1 and processes > 1:
+        return " (default: one replica per process; mesh.data=N to shard over N devices)"
+    return ""
 
 
 def make_mesh(cfg: MeshConfig) -> Mesh:
     devices = setup_devices(cfg)
     shape = mesh_shape(cfg, len(devices), devices[0].platform, jax.process_count())
-    # Devices in JAX's order (process by process), so that with several processes each row of
-    # `replica` is one process's devices: hybrid sharding shards inside a host and replicates
-    # across hosts. Auto axes: the gspmd schedule is annotations that XLA propagates.
+    # Devices in JAX's order (process by process), so that when mesh.data is a process's device
+    # count (the default with several processes) each row of `replica` is one process's devices:
+    # hybrid sharding shards inside a host and replicates across hosts. Auto axes: the gspmd
+    # schedule is annotations that XLA propagates.
     grid = np.array(devices[: shape[0] * shape[1]]).reshape(shape)
     return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
 

@@ -1,0 +1,32 @@
+"""Tests never read or write the user's files: each test runs in its own temporary directory.
+
+A config without `train.out_dir` runs in `runs/<config name>`, relative to the working
+directory; run from the repository, a test would resume (or refuse) the user's `make train`
+run, and leave its own run behind. Paths a test needs from the repository are absolute
+(`conftest.ROOT`). Loaded as a plugin by pyproject.toml (`addopts = ["-p", "_isolation"]`).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cwd(tmp_path_factory):
+    """Module- and session-scoped fixtures run before any test's own directory exists.
+
+    Subprocesses (`python -m zerojax`, scripts/launch_local.sh) no longer start in the checkout,
+    so `python -m` would import whichever zerojax the interpreter has installed: put the
+    checkout under test first on their PYTHONPATH."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        mp.chdir(tmp_path_factory.mktemp("cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
