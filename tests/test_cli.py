@@ -95,7 +95,7 @@ def test_analyze_json_is_the_contract_document(capsys):
     sharded = [row for row in doc["plan"] if row["dim"] is not None]
     assert sharded and sum(math.prod(row["shape"]) for row in doc["plan"]) == doc["params"]
     for row in sharded:  # the plan's dim is the one its spec splits over `data`
-        assert row["spec"].count("'data'") == 1 and row["spec"].split(",")[row["dim"]].strip(" P(") == "'data'"
+        assert row["spec"].count("'data'") == 1 and row["spec"].split(",")[row["dim"]].strip(" P()") == "'data'"
     for stage in ("0", "3"):
         m = doc["stages"][stage]
         assert {"argument_bytes", "temp_bytes", "output_bytes", "formula_bytes", "comm_bytes",
