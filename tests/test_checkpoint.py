@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -146,3 +147,18 @@ def test_sigterm_checkpoints_the_last_step_and_exits_0(tmp_path):
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"]
     assert f"stopped by SIGTERM after step {last}" in out and last < 24
     assert checkpoint.complete_steps(tmp_path)[-1] == last
+
+
+def test_a_changed_model_or_a_bad_init_file_exits_2_and_leaves_the_run_alone(tmp_path, capsys):
+    run(tmp_path / "run", "zero.stage=3", "train.steps=3")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert cli.main(["train", *BASE, "train.steps=6", "model.d_model=40", f"train.out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a different model than the config asks for" in err and err.count("\n") == 1, err
+    (tmp_path / "notes.safetensors").write_text("not a safetensors file")
+    assert cli.main(["train", *BASE, f"model.init_from={tmp_path / 'notes.safetensors'}",
+                     f"train.out_dir={tmp_path / 'new'}"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a readable safetensors file" in err and err.count("\n") == 1, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted(before + [Path("notes.safetensors")])
+    assert run(tmp_path / "run", "zero.stage=3", "train.steps=6")["resumed_from"] == 3  # still usable

@@ -175,24 +175,38 @@ def _get(tree, path: str):
     return tree
 
 
-def load_safetensors(path: str, plan: sharding_lib.Plan) -> dict:
-    """Parameters (true shapes, fp32) from a safetensors file named by zerojax's parameter paths."""
+def check_safetensors(path: str, plan: sharding_lib.Plan) -> None:
+    """That `path` is a safetensors file with every parameter of `plan` in its true shape, read
+    from its header only (before a run writes anything)."""
     from safetensors import safe_open
 
     if not Path(path).is_file():
         raise ConfigError(f"model.init_from={path!r}: no such file")
+    try:
+        with safe_open(path, framework="numpy") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a bad file
+        raise ConfigError(f"model.init_from={path!r} is not a readable safetensors file ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:120] if str(err) else ''}); give a `zerojax export` file") from None
+    for leaf in jax.tree.leaves(plan.leaves):
+        if leaf.path not in shapes:
+            raise ConfigError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
+                              "a run of this model?")
+        if shapes[leaf.path] != leaf.shape:
+            raise ConfigError(f"model.init_from={path!r}: {leaf.path} has shape {list(shapes[leaf.path])}, the model "
+                              f"needs {list(leaf.shape)}")
+
+
+def load_safetensors(path: str, plan: sharding_lib.Plan) -> dict:
+    """Parameters (true shapes, fp32) from a safetensors file named by zerojax's parameter paths,
+    read one tensor at a time."""
+    from safetensors import safe_open
+
+    check_safetensors(path, plan)
     params = {}
     with safe_open(path, framework="numpy") as f:
-        names = set(f.keys())
         for leaf in jax.tree.leaves(plan.leaves):
-            if leaf.path not in names:
-                raise ConfigError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
-                                 "a run of this model?")
-            value = f.get_tensor(leaf.path)
-            if tuple(value.shape) != leaf.shape:
-                raise ConfigError(f"model.init_from={path!r}: {leaf.path} has shape {list(value.shape)}, the model "
-                                 f"needs {list(leaf.shape)}")
-            _merge(params, leaf.path, np.asarray(value, np.float32))
+            _merge(params, leaf.path, np.asarray(f.get_tensor(leaf.path), np.float32))
     return params
 
 

@@ -37,7 +37,7 @@ def decay_mask(params):
 
 
 def is_frozen(path: str, patterns: tuple[str, ...]) -> bool:
-    """A pattern matches a parameter path (`head/*`, `*/ln1/*`) or names a unit (`embed`)."""
+    """A pattern matches a parameter path (`head/*`, `*/ln1/*`) or names a top-level part (`embed`)."""
     return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, p.rstrip("/") + "/*") for p in patterns)
 
 
@@ -50,7 +50,7 @@ def check_freeze(params, patterns: tuple[str, ...]) -> None:
     for pattern in patterns:
         if not any(is_frozen(path, (pattern,)) for path in paths):
             raise ConfigError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
-                             f"{', '.join(paths[:3])} (a unit name such as 'embed' or 'head' freezes all of it)")
+                             f"{', '.join(paths[:3])} (a top-level name such as {paths[0].split('/')[0]!r} freezes all of it)")
     if all(is_frozen(path, patterns) for path in paths):
         raise ConfigError(f"optim.freeze={list(patterns)} freezes every parameter; nothing would train")
 

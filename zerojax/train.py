@@ -58,6 +58,8 @@ def prepare(cfg: Config) -> Setup:
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus needs "
             f"({corpus.vocab_size} from data.source={cfg.data.source!r}); set model.vocab_size>={corpus.vocab_size}"
         )
+    if cfg.model.init_from:  # checked now, before anything is written; loaded in `run`
+        checkpoint.check_safetensors(cfg.model.init_from, step.plan)
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
