@@ -18,7 +18,7 @@ mid-save leaves no half checkpoint that could be mistaken for a complete one.
 from __future__ import annotations
 
 import json
-import struct
+import math
 from pathlib import Path
 
 import jax
@@ -121,14 +121,20 @@ def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int
 
 
 # ---------------------------------------------------------------------------------------------
-# One consolidated safetensors file, written leaf by leaf.
+# Export: one consolidated safetensors file, or a Hugging Face directory, written leaf by leaf.
 
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+FORMATS = ("safetensors", "hf")
 
 
-def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None) -> dict:
-    """Write the master weights of a checkpoint to one safetensors file, streaming one leaf at
-    a time onto one device (host memory bounded by the largest leaf, not the model)."""
+def _restore_leaf(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple) -> np.ndarray:
+    """One parameter of checkpoint `step`, restored alone as a host numpy array (fp32)."""
+    item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
+    args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
+                                  restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
+    return np.asarray(_get(mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"], path), np.float32)
+
+
+def _open_run(run_dir: Path, step: int | None):
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
@@ -136,31 +142,65 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     steps = mgr.all_steps()
     if not steps or (step is not None and step not in steps):
         raise ConfigError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "
-                         f"(complete steps: {sorted(steps) or 'none'})")
+                          f"(complete steps: {sorted(steps) or 'none'})")
     step = max(steps) if step is None else step
-    shapes = read_metadata(mgr, step)["param_shapes"]
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    np_dtype = jnp.dtype(dtype)
-    header, offset = {"__metadata__": {"format": "pt", "zerojax_step": str(step)}}, 0
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) * np_dtype.itemsize
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for name, shape in shapes.items():
-            leaf = _nest(name, jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=device))
-            args = ocp.args.PyTreeRestore({"params": leaf}, restore_args=ocp.checkpoint_utils.construct_restore_args(
-                {"params": leaf}), partial_restore=True)
-            value = mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
-            f.write(np.asarray(_get(value, name).astype(np_dtype)).tobytes())
-    tmp.replace(out)  # atomic: the file exists only once complete
+    return mgr, step, read_metadata(mgr, step)
+
+
+def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None, fmt: str = "safetensors",
+           max_shard_bytes: int = 5 * 10**9) -> dict:
+    """Write the master weights of a checkpoint: `safetensors`, one file named by zerojax's
+    parameter paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index).
+    One leaf at a time is restored, to host memory, so host memory is bounded by the largest
+    leaf, not the model; what is written appears only once complete."""
+    from zerojax import hf
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
+    mgr, step, meta = _open_run(run_dir, step)
+    shapes = {path: tuple(shape) for path, shape in meta["param_shapes"].items()}
+    leaf = {"path": None, "value": None}  # the one leaf in host memory
+
+    def value_of(t):
+        if leaf["path"] != t[1]:
+            leaf["value"] = None  # freed before the next is read
+            leaf.update(path=t[1], value=_restore_leaf(mgr, step, t[1], shapes[t[1]]))
+        value = leaf["value"] if t[2] is None else leaf["value"][t[2]]
+        return value.T if t[4] else value
+
+    if fmt == "safetensors":
+        tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
+        hf.write_safetensors(out, tensors, dtype, value_of)
+        written = out.stat().st_size
+    else:
+        written = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of)
     mgr.close()
-    return {"step": step, "tensors": len(shapes), "params": int(sum(np.prod(s) for s in shapes.values())),
-            "bytes": out.stat().st_size, "out": str(out)}
+    return {"step": step, "format": fmt, "tensors": len(shapes), "params": int(sum(math.prod(s) for s in shapes.values())),
+            "bytes": written, "out": str(out)}
+
+
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of) -> int:
+    from zerojax import hf, step as step_lib
+    from zerojax.config import ModelConfig
+    from zerojax.models import Units
+
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    stacked = Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
+    tensors = hf.hf_tensors(model["family"], shapes, stacked)
+    files = hf.shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    for name, group in zip(names, files):
+        hf.write_safetensors(tmp / name, group, dtype, value_of)
+    total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
+    index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf.hf_config(model, dtype), indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
+    tmp.rename(out)  # the directory appears only once complete
+    return sum(f.stat().st_size for f in out.iterdir())
 
 
 def _nest(path: str, value):
@@ -173,41 +213,6 @@ def _get(tree, path: str):
     for key in path.split("/"):
         tree = tree[key]
     return tree
-
-
-def check_safetensors(path: str, plan: sharding_lib.Plan) -> None:
-    """That `path` is a safetensors file with every parameter of `plan` in its true shape, read
-    from its header only (before a run writes anything)."""
-    from safetensors import safe_open
-
-    if not Path(path).is_file():
-        raise ConfigError(f"model.init_from={path!r}: no such file")
-    try:
-        with safe_open(path, framework="numpy") as f:
-            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a bad file
-        raise ConfigError(f"model.init_from={path!r} is not a readable safetensors file ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:120] if str(err) else ''}); give a `zerojax export` file") from None
-    for leaf in jax.tree.leaves(plan.leaves):
-        if leaf.path not in shapes:
-            raise ConfigError(f"model.init_from={path!r} has no tensor {leaf.path!r}; was it exported from "
-                              "a run of this model?")
-        if shapes[leaf.path] != leaf.shape:
-            raise ConfigError(f"model.init_from={path!r}: {leaf.path} has shape {list(shapes[leaf.path])}, the model "
-                              f"needs {list(leaf.shape)}")
-
-
-def load_safetensors(path: str, plan: sharding_lib.Plan) -> dict:
-    """Parameters (true shapes, fp32) from a safetensors file named by zerojax's parameter paths,
-    read one tensor at a time."""
-    from safetensors import safe_open
-
-    check_safetensors(path, plan)
-    params = {}
-    with safe_open(path, framework="numpy") as f:
-        for leaf in jax.tree.leaves(plan.leaves):
-            _merge(params, leaf.path, np.asarray(f.get_tensor(leaf.path), np.float32))
-    return params
 
 
 def _merge(tree: dict, path: str, value) -> None:

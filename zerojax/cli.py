@@ -53,9 +53,14 @@ def build_parser() -> Parser:
     analyze.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
     analyze.add_argument("--json", action="store_true", help="print one JSON document")
 
-    export = sub.add_parser("export", help="one safetensors file of a run's (sharded) checkpoint")
+    export = sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
+                                           "Hugging Face directory")
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--out", required=True, help="FILE.safetensors")
+    export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf)")
+    export.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
+                        help="safetensors: zerojax's parameter paths; hf: what transformers loads")
+    export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
+                        help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
@@ -71,7 +76,8 @@ SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def parse_count(text: str) -> float:
-    """7.5e9, 7500000000, 124M, 3B, 1.5T."""
+    """7.5e9, 7500000000, 124M, 3B, 1.5T (and sizes: 5GB, 500MB)."""
+    text = text[:-1] if text[-2:].lower() in ("kb", "mb", "gb", "tb") else text
     scale = SUFFIXES.get(text[-1:].lower(), 1)
     try:
         value = float(text[:-1] if scale != 1 else text) * scale
@@ -187,11 +193,11 @@ def cmd_export(args) -> int:
     from zerojax import checkpoint
 
     out = Path(args.out)
-    if out.suffix != ".safetensors":
-        raise UsageError(f"--out {args.out!r} must end in .safetensors")
-    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step)
+    if args.format == "safetensors" and out.suffix != ".safetensors":
+        raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
+    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size))
     print(json.dumps(done) if args.json else
-          f"zerojax: wrote {done['out']}: {done['tensors']} tensors, {done['params']:,} parameters "
+          f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
           f"({args.dtype}) from step {done['step']}")
     return 0
 

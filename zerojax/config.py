@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,10 +53,10 @@ class ModelConfig:
     d_ff: int = 512  # hidden width of the MLP (llama: SwiGLU's intermediate size)
     seq_len: int = 128  # context length in tokens
     rope_theta: float = 10000.0  # llama: rotary embedding base
-    norm_eps: float = 1e-5  # llama: RMSNorm epsilon
+    norm_eps: float = 1e-5  # epsilon of the norms (llama: RMSNorm, gpt: LayerNorm)
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
     tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false)
-    init_from: str = ""  # start from these weights: a `zerojax export` safetensors file
+    init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
 
     def __post_init__(self):
         if self.family not in BUILTIN_FAMILIES and ":" not in self.family:
@@ -382,7 +383,78 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
             _set(tree, key, value)
     for text in overrides:
         _set(tree, *parse_override(text))
+    _from_hugging_face(tree)
     return _build(tree)
+
+
+# A Hugging Face model directory as model.init_from: its config.json sets the model's keys.
+HF_ARCHITECTURES = {  # architecture -> (model.family, {model key: config.json key})
+    "LlamaForCausalLM": ("llama", {"vocab_size": "vocab_size", "d_model": "hidden_size",
+                                   "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+                                   "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
+                                   "rope_theta": "rope_theta", "norm_eps": "rms_norm_eps",
+                                   "tie_embeddings": "tie_word_embeddings"}),
+    "GPT2LMHeadModel": ("gpt", {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer",
+                                "n_heads": "n_head", "d_ff": "n_inner", "norm_eps": "layer_norm_epsilon",
+                                "tie_embeddings": "tie_word_embeddings"}),
+}
+HF_ARCHITECTURES["MistralForCausalLM"] = HF_ARCHITECTURES["LlamaForCausalLM"]  # same layout (no sliding window)
+HF_DEFAULTS = {"n_kv_heads": 0, "rope_theta": 10000.0, "tie_embeddings": True}  # keys a config.json may omit
+
+
+def hf_model_keys(directory: str) -> dict:
+    """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
+    cannot be read or describes a model zerojax does not have)."""
+    where = Path(directory) / "config.json"
+    if not where.is_file():
+        raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
+                          "model directory (config.json and model.safetensors) or a zerojax export file")
+    try:
+        hf = json.loads(where.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{where} is not valid JSON ({err})") from None
+    arch = (hf.get("architectures") or ["?"])[0]
+    if arch not in HF_ARCHITECTURES:
+        raise ConfigError(f"{where}: architecture {arch!r} is not supported; zerojax reads "
+                          f"{', '.join(HF_ARCHITECTURES)}")
+    family, keys = HF_ARCHITECTURES[arch]
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 keeps rope_theta in here
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ConfigError(f"{where}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
+                          f"by zerojax's {family}")
+    hf.setdefault("rope_theta", rope.get("rope_theta", HF_DEFAULTS["rope_theta"]))
+    for unsupported in ("sliding_window", "attention_bias", "mlp_bias"):
+        if hf.get(unsupported) not in (None, False):
+            raise ConfigError(f"{where}: {unsupported}={hf[unsupported]!r} is not supported by zerojax's {family}")
+    if family == "gpt" and (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")
+                            or hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn")):
+        raise ConfigError(f"{where}: only GPT-2's own attention and gelu_new (tanh) MLP are supported")
+    if family == "llama" and hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
+        raise ConfigError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads")
+    out = {"family": family}
+    for key, hf_key in keys.items():
+        value = hf.get(hf_key, HF_DEFAULTS.get(key))
+        out[key] = 4 * hf["n_embd"] if key == "d_ff" and value is None else value
+    if family == "gpt":
+        out["seq_len"] = hf["n_positions"]
+    return {k: coerce(f"model.{k}", v, _field_type(ModelConfig, k)) for k, v in out.items()}
+
+
+def _from_hugging_face(tree: dict) -> None:
+    """With model.init_from a directory, take the model's keys from its config.json; a key also
+    set in the YAML or on the command line must agree with it (model.seq_len may be shorter)."""
+    model = tree.get("model", {})
+    if not model.get("init_from") or not Path(model["init_from"]).is_dir():
+        return
+    for key, value in hf_model_keys(model["init_from"]).items():
+        given = model.get(key)
+        if key == "seq_len" and given is not None and given <= value:
+            continue  # a shorter context uses the first rows of the position table
+        if given is not None and given != value:
+            raise ConfigError(f"model.{key}={given!r} contradicts {model['init_from']}/config.json, which says "
+                              f"{value!r}; drop the override (or use another checkpoint)")
+        model[key] = value
+    tree["model"] = model
 
 
 def to_dict(cfg: Config) -> dict:

@@ -92,7 +92,9 @@ class LeafPlan:
 
     def pad(self, x):
         """A value of the true shape, zero-padded to the stored shape."""
-        return jnp.pad(x, [(0, s - t) for s, t in zip(self.stored, self.shape)]) if self.padded else x
+        if not self.padded or tuple(x.shape) == self.stored:  # already stored (e.g. built sharded)
+            return x
+        return jnp.pad(x, [(0, s - t) for s, t in zip(self.stored, self.shape)])
 
     def unpad(self, x, layer: bool = False):
         """A stored value sliced back to the true shape (`layer`: one layer of a stacked leaf)."""

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zerojax import checkpoint
+from zerojax import checkpoint, hf
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax import mesh as mesh_lib
@@ -58,8 +58,8 @@ def prepare(cfg: Config) -> Setup:
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus needs "
             f"({corpus.vocab_size} from data.source={cfg.data.source!r}); set model.vocab_size>={corpus.vocab_size}"
         )
-    if cfg.model.init_from:  # checked now, before anything is written; loaded in `run`
-        checkpoint.check_safetensors(cfg.model.init_from, step.plan)
+    if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
+        hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
@@ -88,7 +88,9 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     cfg, step = setup.cfg, setup.step
     if setup.resume_step:
         return checkpoint.restore(ckpt, step.plan, step.mesh, setup.resume_step, abstract, shardings)
-    loaded = checkpoint.load_safetensors(cfg.model.init_from, step.plan) if cfg.model.init_from else None
+    loaded = None
+    if cfg.model.init_from:  # built straight into the sharded master layout
+        loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
     return step_lib.init_state(step, loaded=loaded)
 
 

@@ -31,8 +31,8 @@ def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs, std: float = 0
     )
 
 
-def _norm(d: int, policy: Policy, rngs: nnx.Rngs):
-    return nnx.LayerNorm(d, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
+def _norm(d: int, policy: Policy, rngs: nnx.Rngs, eps: float = 1e-5):
+    return nnx.LayerNorm(d, epsilon=eps, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
 
 
 class Embedding(nnx.Module):
@@ -80,10 +80,10 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """One pre-norm transformer block: the unit a ZeRO-3 schedule gathers at a time."""
 
-    def __init__(self, d_model, n_heads, d_ff, n_layers, policy: Policy, rngs: nnx.Rngs):
-        self.ln1 = _norm(d_model, policy, rngs)
+    def __init__(self, d_model, n_heads, d_ff, n_layers, policy: Policy, rngs: nnx.Rngs, eps: float = 1e-5):
+        self.ln1 = _norm(d_model, policy, rngs, eps)
         self.attn = Attention(d_model, n_heads, n_layers, policy, rngs)
-        self.ln2 = _norm(d_model, policy, rngs)
+        self.ln2 = _norm(d_model, policy, rngs, eps)
         self.mlp = MLP(d_model, d_ff, n_layers, policy, rngs)
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
@@ -94,8 +94,8 @@ class Block(nnx.Module):
 class Head(nnx.Module):
     """Last unit: final norm and the LM head (or the tied token embedding)."""
 
-    def __init__(self, d_model: int, vocab_size: int, tie: bool, policy: Policy, rngs: nnx.Rngs):
-        self.ln_f = _norm(d_model, policy, rngs)
+    def __init__(self, d_model: int, vocab_size: int, tie: bool, policy: Policy, rngs: nnx.Rngs, eps: float = 1e-5):
+        self.ln_f = _norm(d_model, policy, rngs, eps)
         self.lm_head = None if tie else _dense(d_model, vocab_size, policy, rngs, bias=False)
 
     def __call__(self, x_BTD: jax.Array, embed: Embedding) -> jax.Array:
@@ -108,16 +108,17 @@ class GPT(nnx.Module):
     STACKED = ("blocks",)  # units whose parameters carry a leading layer axis
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
-                 seq_len: int, tie_embeddings: bool = True, policy: Policy = Policy(), rngs: nnx.Rngs):
+                 seq_len: int, tie_embeddings: bool = True, norm_eps: float = 1e-5, policy: Policy = Policy(),
+                 rngs: nnx.Rngs):
         self.embed = Embedding(vocab_size, d_model, seq_len, policy, rngs)
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs: nnx.Rngs) -> Block:
-            return Block(d_model, n_heads, d_ff, n_layers, policy, rngs)
+            return Block(d_model, n_heads, d_ff, n_layers, policy, rngs, norm_eps)
 
         self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
-        self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs)
+        self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs, norm_eps)
 
     def enter(self, batch_BS: jax.Array) -> jax.Array:
         return self.embed(protocol.inputs(batch_BS))
@@ -143,4 +144,5 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:
     """The `model.family=gpt` factory."""
     tie = True if cfg.tie_embeddings is None else cfg.tie_embeddings
     return GPT(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-               d_ff=cfg.d_ff, seq_len=cfg.seq_len, tie_embeddings=tie, policy=policy, rngs=rngs)
+               d_ff=cfg.d_ff, seq_len=cfg.seq_len, tie_embeddings=tie, norm_eps=cfg.norm_eps, policy=policy,
+               rngs=rngs)

@@ -1,0 +1,296 @@
+"""Hugging Face checkpoints in and out: `LlamaForCausalLM` (and Mistral's identical layout) and
+`GPT2LMHeadModel`, as safetensors, one tensor at a time.
+
+In: `model.init_from=DIR` (config.json, and model.safetensors or model.safetensors.index.json
+with its shards). config.json sets the model's keys (`config.hf_model_keys`); every parameter
+is then built straight into the sharded master layout with `jax.make_array_from_callback`: each
+device's callback reads only its slice of the HF tensor(s) through `safe_open(...).get_slice`
+(the layers of a stacked leaf are separate HF tensors, HF's [out, in] kernels are read
+transposed), so host memory is bounded by one device's slice, nothing is gathered whole, and
+each process reads only what its devices hold.
+
+Out: `save` (what `zerojax export --format hf` runs) writes config.json, generation_config.json
+and safetensors shards with HF names plus model.safetensors.index.json, one zerojax leaf at a
+time.
+
+`load(DIR) -> (ModelConfig, model)`: the model on one device in fp32 (tests and checks): its
+`logits(tokens)` is what transformers' model computes; its `enter`/`exit` are the unit
+protocol's, so the same object trains.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from zerojax import sharding as sharding_lib
+from zerojax.config import HF_ARCHITECTURES, ConfigError, ModelConfig, hf_model_keys
+from zerojax.precision import Policy
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """Where a zerojax leaf lives in an HF checkpoint: the name (`{i}`: the layer of a stacked
+    leaf) and whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel)."""
+
+    name: str
+    transposed: bool = False
+
+
+LLAMA_LAYER = "model.layers.{i}."
+LLAMA = {
+    "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
+    "norm/scale": Tensor("model.norm.weight"),
+    "lm_head/kernel": Tensor("lm_head.weight", True),
+    "layers/input_layernorm/scale": Tensor(LLAMA_LAYER + "input_layernorm.weight"),
+    "layers/post_attention_layernorm/scale": Tensor(LLAMA_LAYER + "post_attention_layernorm.weight"),
+    **{f"layers/self_attn/{p}/kernel": Tensor(LLAMA_LAYER + f"self_attn.{p}.weight", True)
+       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+    **{f"layers/mlp/{p}/kernel": Tensor(LLAMA_LAYER + f"mlp.{p}.weight", True)
+       for p in ("gate_proj", "up_proj", "down_proj")},
+}
+GPT2_LAYER = "transformer.h.{i}."
+GPT2 = {  # GPT-2's Conv1D weights are stored [in, out], as zerojax's kernels
+    "embed/wte/embedding": Tensor("transformer.wte.weight"),
+    "embed/wpe": Tensor("transformer.wpe.weight"),
+    "head/ln_f/scale": Tensor("transformer.ln_f.weight"),
+    "head/ln_f/bias": Tensor("transformer.ln_f.bias"),
+    "head/lm_head/kernel": Tensor("lm_head.weight", True),
+    **{f"blocks/{ours}/{k}": Tensor(GPT2_LAYER + f"{theirs}.{'weight' if k in ('scale', 'kernel') else 'bias'}")
+       for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2"), ("attn/qkv", "attn.c_attn"),
+                            ("attn/out", "attn.c_proj"), ("mlp/up", "mlp.c_fc"), ("mlp/down", "mlp.c_proj"))
+       for k in (("scale", "bias") if ours.startswith("ln") else ("kernel", "bias"))},
+}
+MAPPINGS = {"llama": LLAMA, "gpt": GPT2}
+
+
+def mapping(family: str) -> dict:
+    if family not in MAPPINGS:
+        raise ConfigError(f"model.family={family}: no Hugging Face layout; zerojax converts "
+                          f"{', '.join(MAPPINGS)} ({', '.join(HF_ARCHITECTURES)})")
+    return MAPPINGS[family]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: the tensors of a directory, lazily.
+
+
+class Checkpoint:
+    """Safetensors file(s), read lazily: name -> shape, and slices on demand."""
+
+    def __init__(self, paths: list[Path], where: str):
+        from safetensors import safe_open
+
+        self.files, self.shapes, self.where, self.directory = {}, {}, {}, where
+        for path in paths:
+            try:
+                handle = safe_open(str(path), framework="numpy")
+                for key in handle.keys():
+                    self.shapes[key], self.where[key] = tuple(handle.get_slice(key).get_shape()), path.name
+            except Exception as err:  # noqa: BLE001 - safetensors raises its own types for a bad file
+                raise ConfigError(f"{path} is not a readable safetensors file ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0][:120] if str(err) else ''})") from None
+            self.files[path.name] = handle
+
+    @classmethod
+    def of_directory(cls, directory: str) -> "Checkpoint":
+        """A Hugging Face directory's model.safetensors, or the shards its index names."""
+        root = Path(directory)
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ConfigError(f"{index} is not a safetensors index ({type(err).__name__})") from None
+            missing = sorted(f for f in set(weight_map.values()) if not (root / f).is_file())
+            if missing:
+                raise ConfigError(f"{index} names {missing[0]}, which is not in {directory}")
+            return cls([root / f for f in sorted(set(weight_map.values()))], directory)
+        if (root / "model.safetensors").is_file():
+            return cls([root / "model.safetensors"], directory)
+        raise ConfigError(f"model.init_from={directory!r} has no model.safetensors nor model.safetensors.index.json")
+
+    def resolve(self, name: str) -> str | None:
+        """The name as stored: the original hub GPT-2 files drop the `transformer.` prefix."""
+        if name in self.shapes:
+            return name
+        bare = name.removeprefix("transformer.")
+        return bare if bare in self.shapes else None
+
+    def read(self, name: str, index: tuple) -> np.ndarray:
+        """The fp32 slice `index` (a tuple of slices) of tensor `name`."""
+        name = self.resolve(name)
+        return np.asarray(self.files[self.where[name]].get_slice(name)[index], np.float32)
+
+
+def _expected_shape(leaf: sharding_lib.LeafPlan, tensor: Tensor, stacked: bool) -> tuple:
+    shape = leaf.shape[1:] if stacked else leaf.shape
+    return tuple(reversed(shape)) if tensor.transposed else tuple(shape)
+
+
+def check(ckpt: Checkpoint, plan: sharding_lib.Plan, table: dict, stacked: tuple[str, ...]) -> None:
+    """Every leaf of the plan has its tensor(s), of the shape the config implies."""
+    for leaf in jax.tree.leaves(plan.leaves):
+        tensor, layered = table[leaf.path], leaf.path.split("/")[0] in stacked
+        names = [tensor.name.format(i=i) for i in range(leaf.shape[0])] if layered else [tensor.name]
+        want = _expected_shape(leaf, tensor, layered)
+        for name in names:
+            have = ckpt.shapes.get(ckpt.resolve(name))
+            if have is None:
+                raise ConfigError(f"model.init_from={ckpt.directory}: no tensor {name!r}, which the model needs "
+                                  f"(it has {len(ckpt.shapes)} tensors, e.g. {sorted(ckpt.shapes)[:2]})")
+            # GPT-2's position table may be longer than the context trained (model.seq_len).
+            fits = have == want or (leaf.path == "embed/wpe" and have[1:] == want[1:] and have[0] >= want[0])
+            if not fits:
+                raise ConfigError(f"model.init_from={ckpt.directory}: tensor {name!r} has shape {list(have)}, the "
+                                  f"model needs {list(want)}")
+
+
+def _leaf_slice(ckpt: Checkpoint, leaf, tensor: Tensor, layered: bool, index: tuple) -> np.ndarray:
+    """The block `index` (of the stored, padded shape) of a zerojax leaf, read from HF tensors;
+    zeros where the block reaches into padding."""
+    block = np.zeros([len(range(*s.indices(n))) for s, n in zip(index, leaf.stored)], np.float32)
+    true = tuple(slice(s.start or 0, min(s.stop if s.stop is not None else n, t))
+                 for s, n, t in zip(index, leaf.stored, leaf.shape))
+    if any(s.stop <= s.start for s in true):
+        return block
+    inner = true[1:] if layered else true
+    hf_index = tuple(reversed(inner)) if tensor.transposed else inner
+    read = lambda name: (lambda x: x.T if tensor.transposed else x)(ckpt.read(name, hf_index))
+    value = np.stack([read(tensor.name.format(i=i)) for i in range(true[0].start, true[0].stop)]) if layered \
+        else read(tensor.name)
+    block[tuple(slice(0, s.stop - s.start) for s in true)] = value
+    return block
+
+
+def sharded_params(ckpt: Checkpoint, table: dict, plan: sharding_lib.Plan, mesh, stacked: tuple[str, ...]):
+    """The master weights (fp32, the plan's stored layout and shardings) from a checkpoint whose
+    tensors `table` names, each device reading only its slices."""
+    sharded = plan.layout.master
+
+    def build(leaf):
+        layered = leaf.path.split("/")[0] in stacked
+        sharding = jax.sharding.NamedSharding(mesh, leaf.spec(sharded))
+        return jax.make_array_from_callback(
+            leaf.stored, sharding, lambda index: _leaf_slice(ckpt, leaf, table[leaf.path], layered, index))
+
+    return jax.tree.map(build, plan.leaves)
+
+
+def init_source(init_from: str, plan: sharding_lib.Plan, family: str, stacked: tuple[str, ...]):
+    """(checkpoint, name table, stacked names) of `model.init_from`, checked against the plan
+    from the files' headers alone (ConfigError if anything is missing or misshapen): a Hugging
+    Face directory, or one safetensors file of zerojax parameter paths (`zerojax export`)."""
+    path = Path(init_from)
+    if path.is_dir():
+        ckpt, table = Checkpoint.of_directory(init_from), mapping(family)
+        check(ckpt, plan, table, stacked)
+        return ckpt, table, stacked
+    if not path.is_file():
+        raise ConfigError(f"model.init_from={init_from!r}: no such file or directory")
+    ckpt = Checkpoint([path], init_from)
+    table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(plan.leaves)}
+    check(ckpt, plan, table, ())  # zerojax's own files keep the layer axis
+    return ckpt, table, ()
+
+
+def init_params(init_from: str, plan: sharding_lib.Plan, mesh, family: str, stacked: tuple[str, ...]):
+    """`model.init_from`'s weights, built straight into the plan's sharded master layout."""
+    ckpt, table, layered = init_source(init_from, plan, family, stacked)
+    return sharded_params(ckpt, table, plan, mesh, layered)
+
+
+def load(directory: str):
+    """(ModelConfig, model) from an HF directory, on one device in fp32: `model.logits(tokens)`
+    gives [B, T, V] logits; `enter`/`exit` make it trainable through the unit protocol."""
+    from zerojax import step as step_lib
+    from zerojax.models import Units
+
+    cfg = ModelConfig(**hf_model_keys(directory), init_from=directory)
+    model = step_lib.build_model(cfg, Policy(), 0)
+    units = Units.of(model)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    plan = sharding_lib.make_plan(params, 0, 1, 0, stacked=units.names)
+    device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    loaded = init_params(directory, plan, device, cfg.family, units.names)
+    nnx.update(model, jax.device_get(loaded))
+    return cfg, model
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: config.json, safetensors shards with HF names, the index.
+
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+
+def hf_config(model: dict, dtype: str) -> dict:
+    """config.json for a zerojax model config (the keys of `run/config.yaml`'s model section)."""
+    family = model["family"]
+    arch = {"llama": "LlamaForCausalLM", "gpt": "GPT2LMHeadModel"}[family]
+    keys = HF_ARCHITECTURES[arch][1]
+    tie = model["tie_embeddings"] if model["tie_embeddings"] is not None else family == "gpt"
+    out = {keys[k]: model[k] for k in keys if k not in ("tie_embeddings", "n_kv_heads")}
+    out["tie_word_embeddings"] = tie
+    if family == "llama":  # rope_theta for transformers 4, rope_parameters for 5
+        out.update(model_type="llama", num_key_value_heads=model["n_kv_heads"] or model["n_heads"],
+                   rope_parameters={"rope_type": "default", "rope_theta": model["rope_theta"]},
+                   hidden_act="silu", max_position_embeddings=model["seq_len"], attention_bias=False,
+                   mlp_bias=False, bos_token_id=None, eos_token_id=None)
+    else:
+        out.update(model_type="gpt2", n_positions=model["seq_len"], activation_function="gelu_new",
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    return {"architectures": [arch], **out, "torch_dtype": dtype, "dtype": dtype}
+
+
+def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[tuple]:
+    """(HF name, zerojax path, layer or None, HF shape, transposed) for every tensor of the
+    export, in order (a leaf's tensors together)."""
+    table, out = mapping(family), []
+    for path, shape in shapes.items():
+        tensor = table[path]
+        flip = (lambda s: tuple(reversed(s))) if tensor.transposed else tuple
+        if path.split("/")[0] in stacked:
+            out += [(tensor.name.format(i=i), path, i, flip(shape[1:]), tensor.transposed) for i in range(shape[0])]
+        else:
+            out.append((tensor.name, path, None, flip(shape), tensor.transposed))
+    return out
+
+
+def shard_plan(tensors: list, itemsize: int, max_shard_bytes: int) -> list[list]:
+    """Tensors grouped into files of at most `max_shard_bytes` (a bigger tensor alone), in order."""
+    files, size = [[]], 0
+    for t in tensors:
+        nbytes = math.prod(t[3]) * itemsize
+        if files[-1] and size + nbytes > max_shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(t)
+        size += nbytes
+    return files
+
+
+def write_safetensors(path: Path, tensors: list, dtype: str, value_of) -> None:
+    """One safetensors file, its header first, then each tensor as `value_of(t)` returns it (so
+    only one tensor is in host memory at a time); written to a temporary name, then renamed."""
+    np_dtype = jnp.dtype(dtype)
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, _, _, shape, _ in tensors:
+        size = math.prod(shape) * np_dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for t in tensors:  # written from the array's own buffer: no bytes copy of it
+            f.write(np.ascontiguousarray(value_of(t), dtype=np_dtype).reshape(-1).view(np.uint8).data)
+    tmp.replace(path)
