@@ -140,3 +140,12 @@ def test_an_override_that_contradicts_the_checkpoint_names_both(tmp_path, capsys
     assert cli.main(["train", f"model.init_from={FIXTURES / 'llama-gqa'}", "model.family=gpt",
                      f"train.out_dir={tmp_path / 'run'}"]) == 2
     assert "model.family='gpt' contradicts" in capsys.readouterr().err
+
+
+def test_the_fine_tuning_recipe_runs(tmp_path):
+    cfg = config.load(ROOT / "configs" / "finetune-llama.yaml",
+                      [f"model.init_from={FIXTURES / 'llama-gqa'}", "train.steps=2", "train.eval_every=0",
+                       "train.ckpt_every=0", "train.global_batch=16", "train.log_every=1", f"train.out_dir={tmp_path}"])
+    assert (cfg.model.family, cfg.model.d_model, cfg.zero.stage, cfg.optim.lr) == ("llama", 32, 3, 2e-5)
+    result = train.run(cfg, show_progress=False)
+    assert len(result["history"]) == 2 and np.isfinite(result["history"][-1]["loss"])

@@ -17,6 +17,8 @@ mid-save leaves no half checkpoint that could be mistaken for a complete one.
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import json
 import math
 from pathlib import Path
@@ -127,11 +129,39 @@ FORMATS = ("safetensors", "hf")
 
 
 def _restore_leaf(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple) -> np.ndarray:
-    """One parameter of checkpoint `step`, restored alone as a host numpy array (fp32)."""
-    item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
-    args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
-                                  restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
-    return np.asarray(_get(mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"], path), np.float32)
+    """One parameter of checkpoint `step` as a host numpy array (fp32), alone.
+
+    Read chunk by chunk with tensorstore from orbax's OCDBT + zarr layout into one array, so
+    host memory holds the leaf and one chunk (orbax's own restore holds a second copy of the
+    leaf); orbax's restore where that layout is not found (another orbax version)."""
+    import tensorstore as ts
+
+    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
+                                          "path": "params." + path.replace("/", ".")}}
+    try:
+        store = ts.open(spec, open=True, read=True).result()
+        assert tuple(store.shape) == tuple(shape) and store.dtype.numpy_dtype == np.float32
+    except Exception:  # noqa: BLE001 - any other layout: let orbax read it
+        item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
+        args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
+                                      restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
+        return np.asarray(_get(mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"], path), np.float32)
+    out = np.empty(shape, np.float32)
+    chunk = store.chunk_layout.read_chunk.shape
+    for corner in itertools.product(*[range(0, n, c) for n, c in zip(shape, chunk)]):
+        block = tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
+        out[block] = store[block].read().result()
+        _return_freed_memory()  # the chunk's buffers, before the next chunk
+    return out
+
+
+def _return_freed_memory() -> None:
+    """Hand memory freed by the reader's threads back to the OS (glibc keeps it in per-thread
+    arenas otherwise, and the next leaf would be read on top of it)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _open_run(run_dir: Path, step: int | None):
@@ -158,12 +188,14 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
     mgr, step, meta = _open_run(run_dir, step)
-    shapes = {path: tuple(shape) for path, shape in meta["param_shapes"].items()}
+    # Largest leaves first: the peak is then the largest leaf, read while little else is held.
+    shapes = dict(sorted(((p, tuple(s)) for p, s in meta["param_shapes"].items()), key=lambda kv: -math.prod(kv[1])))
     leaf = {"path": None, "value": None}  # the one leaf in host memory
 
     def value_of(t):
         if leaf["path"] != t[1]:
             leaf["value"] = None  # freed before the next is read
+            _return_freed_memory()
             leaf.update(path=t[1], value=_restore_leaf(mgr, step, t[1], shapes[t[1]]))
         value = leaf["value"] if t[2] is None else leaf["value"][t[2]]
         return value.T if t[4] else value
@@ -171,15 +203,15 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt == "safetensors":
         tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
         hf.write_safetensors(out, tensors, dtype, value_of)
-        written = out.stat().st_size
+        written, count = out.stat().st_size, len(tensors)
     else:
-        written = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of)
+        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of)
     mgr.close()
-    return {"step": step, "format": fmt, "tensors": len(shapes), "params": int(sum(math.prod(s) for s in shapes.values())),
-            "bytes": written, "out": str(out)}
+    return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
+            "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
 
-def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of) -> int:
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of) -> tuple[int, int]:
     from zerojax import hf, step as step_lib
     from zerojax.config import ModelConfig
     from zerojax.models import Units
@@ -200,7 +232,7 @@ def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes
     (tmp / "config.json").write_text(json.dumps(hf.hf_config(model, dtype), indent=2))
     (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
     tmp.rename(out)  # the directory appears only once complete
-    return sum(f.stat().st_size for f in out.iterdir())
+    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
 
 
 def _nest(path: str, value):

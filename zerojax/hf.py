@@ -83,21 +83,53 @@ def mapping(family: str) -> dict:
 # Reading: the tensors of a directory, lazily.
 
 
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16, "F64": np.float64}
+
+
+class SafetensorsFile:
+    """One safetensors file read with positioned reads, not a memory map (a map's touched pages
+    count as the process's memory): a slice reads only the rows it covers."""
+
+    def __init__(self, path: Path):
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        self.path, self.start, self.header = path, 8 + n, header
+        for name, entry in header.items():
+            if entry["dtype"] not in DTYPES:
+                raise ValueError(f"tensor {name} has dtype {entry['dtype']}; zerojax reads {', '.join(DTYPES)}")
+            begin, end = entry["data_offsets"]
+            if end - begin != math.prod(entry["shape"]) * np.dtype(DTYPES[entry["dtype"]]).itemsize:
+                raise ValueError(f"tensor {name}'s byte range does not match its shape")
+        if self.start + max((e["data_offsets"][1] for e in header.values()), default=0) > path.stat().st_size:
+            raise ValueError("the file is shorter than its header says (truncated)")
+
+    def read(self, name: str, index: tuple) -> np.ndarray:
+        entry = self.header[name]
+        shape, dtype = tuple(entry["shape"]), np.dtype(DTYPES[entry["dtype"]])
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        rows = range(*index[0].indices(shape[0])) if shape else range(1)
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        with self.path.open("rb") as f:
+            f.seek(self.start + entry["data_offsets"][0] + rows.start * row_bytes)
+            block = np.frombuffer(f.read(len(rows) * row_bytes), dtype).reshape((len(rows),) + shape[1:])
+        return np.array(block[(slice(None),) + index[1:]] if shape else block.reshape(()), np.float32)
+
+
 class Checkpoint:
     """Safetensors file(s), read lazily: name -> shape, and slices on demand."""
 
     def __init__(self, paths: list[Path], where: str):
-        from safetensors import safe_open
-
         self.files, self.shapes, self.where, self.directory = {}, {}, {}, where
         for path in paths:
             try:
-                handle = safe_open(str(path), framework="numpy")
-                for key in handle.keys():
-                    self.shapes[key], self.where[key] = tuple(handle.get_slice(key).get_shape()), path.name
-            except Exception as err:  # noqa: BLE001 - safetensors raises its own types for a bad file
+                handle = SafetensorsFile(path)
+            except Exception as err:  # noqa: BLE001 - a bad header can fail in many ways
                 raise ConfigError(f"{path} is not a readable safetensors file ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0][:120] if str(err) else ''})") from None
+            for key, entry in handle.header.items():
+                self.shapes[key], self.where[key] = tuple(entry["shape"]), path.name
             self.files[path.name] = handle
 
     @classmethod
@@ -128,7 +160,7 @@ class Checkpoint:
     def read(self, name: str, index: tuple) -> np.ndarray:
         """The fp32 slice `index` (a tuple of slices) of tensor `name`."""
         name = self.resolve(name)
-        return np.asarray(self.files[self.where[name]].get_slice(name)[index], np.float32)
+        return self.files[self.where[name]].read(name, index)
 
 
 def _expected_shape(leaf: sharding_lib.LeafPlan, tensor: Tensor, stacked: bool) -> tuple:
@@ -229,6 +261,7 @@ def load(directory: str):
 # Writing: config.json, safetensors shards with HF names, the index.
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+BLOCK_BYTES = 16 * 2**20  # what a writer converts and copies at a time
 
 
 def hf_config(model: dict, dtype: str) -> dict:
@@ -291,6 +324,12 @@ def write_safetensors(path: Path, tensors: list, dtype: str, value_of) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
-        for t in tensors:  # written from the array's own buffer: no bytes copy of it
-            f.write(np.ascontiguousarray(value_of(t), dtype=np_dtype).reshape(-1).view(np.uint8).data)
+        for t in tensors:
+            value = value_of(t)  # possibly a transposed view: copied a block of rows at a time
+            if value.ndim == 0:
+                value = value.reshape(1)
+            step = max(1, BLOCK_BYTES // max(1, value[0].size * 4))
+            for a in range(0, len(value), step):
+                f.write(np.ascontiguousarray(value[a:a + step], dtype=np_dtype).reshape(-1).view(np.uint8).data)
+            del value  # before the next tensor is read: one leaf in memory at a time
     tmp.replace(path)
