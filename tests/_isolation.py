@@ -24,6 +24,7 @@ def _session_cwd(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         mp.chdir(tmp_path_factory.mktemp("cwd"))
+        mp.setenv("ZEROJAX_CACHE", str(tmp_path_factory.mktemp("cache")))  # tokenized corpora: not ~/.cache
         yield
 
 

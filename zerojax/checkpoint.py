@@ -205,19 +205,28 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
         hf.write_safetensors(out, tensors, dtype, value_of)
         written, count = out.stat().st_size, len(tensors)
     else:
-        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of)
+        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of,
+                                    meta["config"]["data"].get("tokenizer", ""))
     mgr.close()
     return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
 
-def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of) -> tuple[int, int]:
-    from zerojax import hf, step as step_lib
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of,
+               tokenizer: str = "") -> tuple[int, int]:
+    import shutil
+
+    from zerojax import data, hf, step as step_lib
     from zerojax.config import ModelConfig
     from zerojax.models import Units
 
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    tokenizer_files = []
+    if tokenizer:  # the run's tokenizer travels with the model (its directory's other HF tokenizer files too)
+        path = data.tokenizer_file(tokenizer)
+        tokenizer_files = [path] + [path.with_name(n) for n in ("tokenizer_config.json", "special_tokens_map.json")
+                                    if path.with_name(n).is_file()]
     stacked = Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
     tensors = hf.hf_tensors(model["family"], shapes, stacked)
     files = hf.shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
@@ -231,6 +240,8 @@ def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(hf.hf_config(model, dtype), indent=2))
     (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
+    for f in tokenizer_files:
+        shutil.copyfile(f, tmp / f.name)
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
 

@@ -65,6 +65,13 @@ def build_parser() -> Parser:
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
 
+    tokenizer = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)")
+    tokenizer.add_argument("action", choices=["train"])
+    tokenizer.add_argument("source", nargs="?", default="stdlib", metavar="SOURCE",
+                           help="stdlib (default: Python's own sources) or a .txt file")
+    tokenizer.add_argument("--vocab-size", type=positive_int, required=True, metavar="N")
+    tokenizer.add_argument("--out", required=True, metavar="DIR", help="writes DIR/tokenizer.json")
+
     formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
     formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
     formats.add_argument("--table", action="store_true", help="range and precision of each format")
@@ -214,7 +221,20 @@ def cmd_formats(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "memory": cmd_memory, "analyze": cmd_analyze, "export": cmd_export,
+def cmd_tokenizer(args) -> int:
+    from pathlib import Path
+
+    from zerojax import data
+
+    if args.source != "stdlib" and Path(args.source).suffix != ".txt":
+        raise UsageError(f"SOURCE {args.source!r} must be stdlib or a .txt file")
+    path = data.train_tokenizer(args.source, args.vocab_size, Path(args.out))
+    print(f"zerojax: wrote {path}: byte-level BPE, vocab {args.vocab_size}, trained on {args.source}; "
+          f"use data.tokenizer={path} model.vocab_size={args.vocab_size}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory, "analyze": cmd_analyze, "export": cmd_export,
             "formats": cmd_formats}
 
 

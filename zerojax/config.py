@@ -83,6 +83,7 @@ class ModelConfig:
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
     val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
 
     def __post_init__(self):
         if self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy"):
@@ -90,6 +91,9 @@ class DataConfig:
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
                 "or a .bin/.npy token file"
             )
+        if self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt":
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
+                              f"data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
 
@@ -222,7 +226,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
-        byte_corpus = self.data.source == "stdlib" or self.data.source.endswith(".txt")
+        byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
         if byte_corpus and self.model.vocab_size < 256:
             raise ConfigError(
                 f"model.vocab_size={self.model.vocab_size} is too small for the byte corpus "

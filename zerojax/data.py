@@ -11,6 +11,7 @@ reads only the rows it owns.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class Corpus:
     train: np.ndarray  # 1-D token array
     val: np.ndarray  # 1-D token array, after `train` in the source
     vocab_size: int  # tokens the source can contain (256 for bytes)
+    tokenizer: str = ""  # data.tokenizer, for decoding samples; "" = bytes
 
 
 def stdlib_files() -> list[Path]:
@@ -42,23 +44,94 @@ def stdlib_files() -> list[Path]:
     return files
 
 
-def read_tokens(source: str) -> tuple[np.ndarray, int]:
-    """The whole token stream of a source and the size of its vocabulary."""
+def text_pieces(source: str) -> list[bytes]:
+    """A text source as pieces (the stdlib's files; a .txt file's blocks of lines)."""
     if source == "stdlib":
-        return np.frombuffer(b"".join(f.read_bytes() for f in stdlib_files()), np.uint8), 256
+        return [f.read_bytes() for f in stdlib_files()]
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"data.source={source!r}: no such file")
-    if path.suffix == ".txt":
-        return np.frombuffer(path.read_bytes(), np.uint8), 256
+    lines = path.read_bytes().splitlines(keepends=True)
+    return [b"".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
+
+
+def read_tokens(source: str, tokenizer: str = "") -> tuple[np.ndarray, int]:
+    """The whole token stream of a source and the size of its vocabulary."""
+    if tokenizer:
+        return tokenized(source, tokenizer)
+    if source == "stdlib" or Path(source).suffix == ".txt":
+        return np.frombuffer(b"".join(text_pieces(source)), np.uint8), 256
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"data.source={source!r}: no such file")
     tokens = np.memmap(path, np.uint16, mode="r") if path.suffix == ".bin" else np.load(path, mmap_mode="r")
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ConfigError(f"data.source={source!r} must hold a 1-D integer token array, got {tokens.dtype}{list(tokens.shape)}")
     return tokens, int(tokens.max()) + 1 if tokens.size else 0
 
 
-def load_corpus(source: str, val_fraction: float, seq_len: int) -> Corpus:
-    tokens, vocab = read_tokens(source)
+def tokenizer_file(tokenizer: str) -> Path:
+    """data.tokenizer as a tokenizer.json path (a directory holding one, or the file)."""
+    path = Path(tokenizer)
+    path = path / "tokenizer.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"data.tokenizer={tokenizer!r}: no such tokenizer.json (give the file or its directory; "
+                          "`zerojax tokenizer train` makes one)")
+    return path
+
+
+def load_tokenizer(tokenizer: str):
+    from tokenizers import Tokenizer
+
+    path = tokenizer_file(tokenizer)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the Rust library reports a bad file as a generic Exception
+        raise ConfigError(f"data.tokenizer={tokenizer!r}: {path} is not a tokenizer.json ({str(err)[:120]})") from None
+
+
+def cache_dir() -> Path:
+    """Where tokenized corpora are kept: $ZEROJAX_CACHE, else ~/.cache/zerojax."""
+    return Path(os.environ.get("ZEROJAX_CACHE") or Path.home() / ".cache" / "zerojax")
+
+
+def tokenized(source: str, tokenizer: str) -> tuple[np.ndarray, int]:
+    """A text source through a Hugging Face tokenizer, tokenized once and kept in the cache under
+    the hash of the text and of the tokenizer (a change to either tokenizes again)."""
+    pieces, path = text_pieces(source), tokenizer_file(tokenizer)
+    digest = hashlib.sha256(path.read_bytes())
+    for piece in pieces:
+        digest.update(hashlib.sha256(piece).digest())
+    cached = cache_dir() / "tokens" / f"{digest.hexdigest()[:32]}.npy"
+    tok = load_tokenizer(tokenizer)
+    if not cached.is_file():
+        ids = [np.asarray(e.ids, np.uint32) for e in tok.encode_batch([p.decode("utf-8", "replace") for p in pieces])]
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, np.concatenate(ids) if ids else np.zeros(0, np.uint32))
+        tmp.replace(cached)  # complete or absent
+    return np.load(cached, mmap_mode="r"), tok.get_vocab_size()
+
+
+def train_tokenizer(source: str, vocab_size: int, out: Path) -> Path:
+    """A byte-level BPE (GPT-2's pre-tokenization) trained on a text source, as out/tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise ConfigError(f"--vocab-size {vocab_size} must be > 256 (the 256 bytes, plus merges)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator((p.decode("utf-8", "replace") for p in text_pieces(source)), trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return out / "tokenizer.json"
+
+
+def load_corpus(source: str, val_fraction: float, seq_len: int, tokenizer: str = "") -> Corpus:
+    tokens, vocab = read_tokens(source, tokenizer)
     n_val = int(len(tokens) * val_fraction)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
     for split, arr in (("training", train), ("validation", val)):
@@ -67,7 +140,7 @@ def load_corpus(source: str, val_fraction: float, seq_len: int) -> Corpus:
                 f"data.source={source!r}: the {split} split has {len(arr)} tokens, fewer than "
                 f"model.seq_len+2={seq_len + 2}; use a bigger corpus or a shorter model.seq_len"
             )
-    return Corpus(source, train, val, vocab)
+    return Corpus(source, train, val, vocab, tokenizer)
 
 
 def row_starts(n_tokens: int, seq_len: int, seed: int, stream: int, step: int, batch: int) -> np.ndarray:

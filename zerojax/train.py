@@ -52,11 +52,12 @@ class Setup:
 
 def prepare(cfg: Config) -> Setup:
     step = step_lib.make_step(cfg, mesh_lib.make_mesh(cfg.mesh))
-    corpus = data_lib.load_corpus(cfg.data.source, cfg.data.val_fraction, cfg.model.seq_len)
+    corpus = data_lib.load_corpus(cfg.data.source, cfg.data.val_fraction, cfg.model.seq_len, cfg.data.tokenizer)
     if corpus.vocab_size > cfg.model.vocab_size:
+        where = f"data.tokenizer={cfg.data.tokenizer!r}" if cfg.data.tokenizer else f"data.source={cfg.data.source!r}"
         raise ConfigError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus needs "
-            f"({corpus.vocab_size} from data.source={cfg.data.source!r}); set model.vocab_size>={corpus.vocab_size}"
+            f"({corpus.vocab_size} from {where}); set model.vocab_size>={corpus.vocab_size}"
         )
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
