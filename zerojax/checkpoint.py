@@ -214,36 +214,13 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
 
 def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of,
                tokenizer: str = "") -> tuple[int, int]:
-    import shutil
-
-    from zerojax import data, hf, step as step_lib
+    from zerojax import hf, step as step_lib
     from zerojax.config import ModelConfig
     from zerojax.models import Units
 
-    if out.exists():
-        raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
-    tokenizer_files = []
-    if tokenizer:  # the run's tokenizer travels with the model (its directory's other HF tokenizer files too)
-        path = data.tokenizer_file(tokenizer)
-        tokenizer_files = [path] + [path.with_name(n) for n in ("tokenizer_config.json", "special_tokens_map.json")
-                                    if path.with_name(n).is_file()]
     stacked = Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
-    tensors = hf.hf_tensors(model["family"], shapes, stacked)
-    files = hf.shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    names = [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
-    for name, group in zip(names, files):
-        hf.write_safetensors(tmp / name, group, dtype, value_of)
-    total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
-    index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (tmp / "config.json").write_text(json.dumps(hf.hf_config(model, dtype), indent=2))
-    (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
-    for f in tokenizer_files:
-        shutil.copyfile(f, tmp / f.name)
-    tmp.rename(out)  # the directory appears only once complete
-    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+    return hf.save(out, model, shapes, stacked, value_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                   tokenizer=tokenizer)
 
 
 def _nest(path: str, value):

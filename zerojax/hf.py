@@ -31,7 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zerojax import data
 from zerojax import sharding as sharding_lib
+from zerojax import step as step_lib
 from zerojax.config import HF_ARCHITECTURES, ConfigError, ModelConfig, hf_model_keys
 from zerojax.precision import Policy
 
@@ -243,7 +245,6 @@ def init_params(init_from: str, plan: sharding_lib.Plan, mesh, family: str, stac
 def load(directory: str):
     """(ModelConfig, model) from an HF directory, on one device in fp32: `model.logits(tokens)`
     gives [B, T, V] logits; `enter`/`exit` make it trainable through the unit protocol."""
-    from zerojax import step as step_lib
     from zerojax.models import Units
 
     cfg = ModelConfig(**hf_model_keys(directory), init_from=directory)
@@ -333,3 +334,38 @@ def write_safetensors(path: Path, tensors: list, dtype: str, value_of) -> None:
                 f.write(np.ascontiguousarray(value[a:a + step], dtype=np_dtype).reshape(-1).view(np.uint8).data)
             del value  # before the next tensor is read: one leaf in memory at a time
     tmp.replace(path)
+
+
+def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], value_of, *, dtype: str = "float32",
+         max_shard_bytes: int = 5 * 10**9, tokenizer: str = "") -> tuple[int, int]:
+    """A Hugging Face directory at `out` (what `zerojax export --format hf` writes): config.json
+    and generation_config.json from `model` (a run's model config, as a dict), safetensors shards
+    of at most `max_shard_bytes` with HF names and their index, and the tokenizer's files.
+    `shapes`: zerojax parameter path -> true shape, in the order to write them; `value_of(t)`
+    gives tensor t's value (t from `hf_tensors`), one at a time. Written to `out`.tmp and renamed
+    once complete. Returns (bytes written, tensors)."""
+    import shutil
+
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    tokenizer_files = []
+    if tokenizer:  # the run's tokenizer travels with the model (its directory's other HF tokenizer files too)
+        path = data.tokenizer_file(tokenizer)
+        tokenizer_files = [path] + [path.with_name(n) for n in ("tokenizer_config.json", "special_tokens_map.json")
+                                    if path.with_name(n).is_file()]
+    tensors = hf_tensors(model["family"], shapes, stacked)
+    files = shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    for name, group in zip(names, files):
+        write_safetensors(tmp / name, group, dtype, value_of)
+    total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
+    index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf_config(model, dtype), indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
+    for f in tokenizer_files:
+        shutil.copyfile(f, tmp / f.name)
+    tmp.rename(out)  # the directory appears only once complete
+    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
