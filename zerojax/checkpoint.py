@@ -128,12 +128,12 @@ def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int
 FORMATS = ("safetensors", "hf")
 
 
-def _restore_leaf(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple) -> np.ndarray:
-    """One parameter of checkpoint `step` as a host numpy array (fp32), alone.
+def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
+    """One parameter of checkpoint `step`, as (index, fp32 numpy block) pieces.
 
-    Read chunk by chunk with tensorstore from orbax's OCDBT + zarr layout into one array, so
-    host memory holds the leaf and one chunk (orbax's own restore holds a second copy of the
-    leaf); orbax's restore where that layout is not found (another orbax version)."""
+    Read chunk by chunk (the shards it was saved in) with tensorstore from orbax's OCDBT + zarr
+    layout, so host memory holds one chunk at a time; where that layout is not found (another
+    orbax version), the whole leaf at once through orbax's own restore."""
     import tensorstore as ts
 
     spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
@@ -145,14 +145,14 @@ def _restore_leaf(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple
         item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
         args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
                                       restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
-        return np.asarray(_get(mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"], path), np.float32)
-    out = np.empty(shape, np.float32)
+        restored = mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+        yield tuple(slice(0, n) for n in shape), np.asarray(_get(restored, path), np.float32)
+        return
     chunk = store.chunk_layout.read_chunk.shape
     for corner in itertools.product(*[range(0, n, c) for n, c in zip(shape, chunk)]):
         block = tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
-        out[block] = store[block].read().result()
+        yield block, store[block].read().result()
         _return_freed_memory()  # the chunk's buffers, before the next chunk
-    return out
 
 
 def _return_freed_memory() -> None:
@@ -181,45 +181,37 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
            max_shard_bytes: int = 5 * 10**9) -> dict:
     """Write the master weights of a checkpoint: `safetensors`, one file named by zerojax's
     parameter paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index).
-    One leaf at a time is restored, to host memory, so host memory is bounded by the largest
-    leaf, not the model; what is written appears only once complete."""
+    Each leaf is read a saved shard at a time and written into place, so host memory holds one
+    shard of one leaf, not the model; what is written appears only once complete."""
     from zerojax import hf
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
     mgr, step, meta = _open_run(run_dir, step)
-    # Largest leaves first: the peak is then the largest leaf, read while little else is held.
-    shapes = dict(sorted(((p, tuple(s)) for p, s in meta["param_shapes"].items()), key=lambda kv: -math.prod(kv[1])))
-    leaf = {"path": None, "value": None}  # the one leaf in host memory
-
-    def value_of(t):
-        if leaf["path"] != t[1]:
-            leaf["value"] = None  # freed before the next is read
-            _return_freed_memory()
-            leaf.update(path=t[1], value=_restore_leaf(mgr, step, t[1], shapes[t[1]]))
-        value = leaf["value"] if t[2] is None else leaf["value"][t[2]]
-        return value.T if t[4] else value
-
+    shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
+    blocks_of = lambda path: _leaf_blocks(mgr, step, path, shapes[path])
     if fmt == "safetensors":
         tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
-        hf.write_safetensors(out, tensors, dtype, value_of)
+        tmp = out.with_name(out.name + ".tmp")
+        hf.fill(hf.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
+        tmp.replace(out)  # the file appears only once complete
         written, count = out.stat().st_size, len(tensors)
     else:
-        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, value_of,
+        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, blocks_of,
                                     meta["config"]["data"].get("tokenizer", ""))
     mgr.close()
     return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
 
-def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, value_of,
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
                tokenizer: str = "") -> tuple[int, int]:
     from zerojax import hf, step as step_lib
     from zerojax.config import ModelConfig
     from zerojax.models import Units
 
     stacked = Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
-    return hf.save(out, model, shapes, stacked, value_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
+    return hf.save(out, model, shapes, stacked, blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
                    tokenizer=tokenizer)
 
 

@@ -262,7 +262,7 @@ def load(directory: str):
 # Writing: config.json, safetensors shards with HF names, the index.
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
-BLOCK_BYTES = 16 * 2**20  # what a writer converts and copies at a time
+BLOCK_BYTES = 16 * 2**20  # what a writer maps and fills at a time
 
 
 def hf_config(model: dict, dtype: str) -> dict:
@@ -311,9 +311,9 @@ def shard_plan(tensors: list, itemsize: int, max_shard_bytes: int) -> list[list]
     return files
 
 
-def write_safetensors(path: Path, tensors: list, dtype: str, value_of) -> None:
-    """One safetensors file, its header first, then each tensor as `value_of(t)` returns it (so
-    only one tensor is in host memory at a time); written to a temporary name, then renamed."""
+def create_safetensors(path: Path, tensors: list, dtype: str) -> dict:
+    """A safetensors file of `tensors` (from `hf_tensors`), its header written and its data
+    region allocated (zeros), to be filled by `fill`. Returns name -> (file, data offset)."""
     np_dtype = jnp.dtype(dtype)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, _, _, shape, _ in tensors:
@@ -322,28 +322,55 @@ def write_safetensors(path: Path, tensors: list, dtype: str, value_of) -> None:
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
+    with path.open("wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
-        for t in tensors:
-            value = value_of(t)  # possibly a transposed view: copied a block of rows at a time
-            if value.ndim == 0:
-                value = value.reshape(1)
-            step = max(1, BLOCK_BYTES // max(1, value[0].size * 4))
-            for a in range(0, len(value), step):
-                f.write(np.ascontiguousarray(value[a:a + step], dtype=np_dtype).reshape(-1).view(np.uint8).data)
-            del value  # before the next tensor is read: one leaf in memory at a time
-    tmp.replace(path)
+        f.truncate(8 + len(blob) + offset)
+    return {name: (path, 8 + len(blob) + header[name]["data_offsets"][0]) for name, *_ in tensors}
 
 
-def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], value_of, *, dtype: str = "float32",
+def _put(path: Path, offset: int, shape: tuple, dtype, index: tuple, value: np.ndarray) -> None:
+    """value -> tensor[index] in the file, a few MB of rows at a time, each through its own
+    short-lived map of just those rows (a map's touched pages are the process's memory until
+    it is unmapped)."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    rows = range(*index[0].indices(shape[0]))
+    row_bytes = math.prod(shape[1:]) * jnp.dtype(dtype).itemsize
+    step = max(1, BLOCK_BYTES // max(1, row_bytes))
+    for a in range(0, len(rows), step):
+        r0, r1 = rows.start + a, min(rows.start + a + step, rows.stop)
+        region = np.memmap(path, dtype=dtype, mode="r+", offset=offset + r0 * row_bytes, shape=(r1 - r0,) + shape[1:])
+        region[(slice(None),) + index[1:]] = value[a:a + (r1 - r0)]
+        region.flush()
+        del region
+
+
+def fill(regions: dict, tensors: list, blocks_of, dtype: str) -> None:
+    """Write every tensor of `tensors` into its region (from `create_safetensors`), leaf by leaf:
+    `blocks_of(path)` yields (index, fp32 block) pieces of a zerojax leaf (its true shape), and
+    each piece goes to the tensor(s) it covers, transposed where HF stores [out, in]."""
+    by_leaf: dict = {}
+    for t in tensors:
+        by_leaf.setdefault(t[1], {})[t[2]] = t
+    np_dtype = jnp.dtype(dtype)
+    for path, layers in by_leaf.items():
+        for index, block in blocks_of(path):
+            for layer, t in layers.items():
+                if layer is not None and not index[0].start <= layer < index[0].stop:
+                    continue
+                value, inner = (block, index) if layer is None else (block[layer - index[0].start], index[1:])
+                if t[4]:  # transposed: HF's [out, in]
+                    value, inner = value.T, tuple(reversed(inner))
+                _put(*regions[t[0]], t[3], np_dtype, inner, value)
+            del block
+
+
+def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *, dtype: str = "float32",
          max_shard_bytes: int = 5 * 10**9, tokenizer: str = "") -> tuple[int, int]:
     """A Hugging Face directory at `out` (what `zerojax export --format hf` writes): config.json
     and generation_config.json from `model` (a run's model config, as a dict), safetensors shards
     of at most `max_shard_bytes` with HF names and their index, and the tokenizer's files.
-    `shapes`: zerojax parameter path -> true shape, in the order to write them; `value_of(t)`
-    gives tensor t's value (t from `hf_tensors`), one at a time. Written to `out`.tmp and renamed
-    once complete. Returns (bytes written, tensors)."""
+    `shapes`: zerojax parameter path -> true shape; `blocks_of(path)` yields a leaf's pieces
+    (see `fill`). Written to `out`.tmp and renamed once complete. Returns (bytes, tensors)."""
     import shutil
 
     if out.exists():
@@ -358,8 +385,10 @@ def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], value_o
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     names = [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    regions = {}
     for name, group in zip(names, files):
-        write_safetensors(tmp / name, group, dtype, value_of)
+        regions.update(create_safetensors(tmp / name, group, dtype))
+    fill(regions, tensors, blocks_of, dtype)
     total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
     index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
