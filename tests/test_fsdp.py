@@ -48,7 +48,12 @@ def test_bytes_sent_match_the_theory(shape):
         assert within(m["comm_bytes"], m["comm_theory_bytes"]), (name, m)  # DESIGN §2, within 2%
         assert m["argument_bytes"] <= m["formula_bytes"]
     estimate = sum(stages["3"]["transient_estimate"].values())  # the printed breakdown, roughly right
-    assert 0.5 <= estimate / stages["3"]["temp_bytes"] <= 2, (stages["3"]["transient_estimate"], stages["3"]["temp_bytes"])
+    # The estimate adds its terms at their peaks: what the blocks keep, one block's and the loss's
+    # working sets (compiled alone), the gathered units, the gradient shards. XLA never holds the
+    # block's and the loss's working sets at once (an over-count) and on CPU keeps f32 copies of
+    # bf16 buffers (an under-count). Measured on jax 0.10.2: 1.18 (default), 1.34 (3.3M, bf16).
+    assert 0.8 <= estimate / stages["3"]["temp_bytes"] <= 1.5, (stages["3"]["transient_estimate"],
+                                                               stages["3"]["temp_bytes"])
     assert stages["0"]["comm"]["all-gather"] == 0 and stages["0"]["comm"]["reduce-scatter"] == 0
     assert stages["2"]["comm"]["reduce-scatter"] > 0 and stages["3"]["comm"]["all-reduce"] < 0.01 * stages["3"]["comm_bytes"]
 
@@ -108,7 +113,9 @@ def test_sends_less_than_gspmd_in_the_weight_gathering_regime():
     _, unprefetched = stage3("zero.schedule=shard_map", "zero.prefetch=0")
     assert unprefetched["temp_bytes"] <= gspmd["temp_bytes"], (unprefetched["temp_bytes"], gspmd["temp_bytes"])
     unit = explicit["transient_estimate"]["gathered_units"] / 2  # prefetch=1: two units
-    assert explicit["temp_bytes"] - unprefetched["temp_bytes"] <= 2.5 * unit  # CPU: f32 buffer + its copy
+    # one more gathered unit, as (1 + prefetch) units says; measured 1.08 units on jax 0.10.2,
+    # the margin a quarter unit for XLA's buffer alignment and scheduling
+    assert explicit["temp_bytes"] - unprefetched["temp_bytes"] <= 1.25 * unit
 
 
 def test_remat_policies_trade_memory_in_the_explicit_schedule():
