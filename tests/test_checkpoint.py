@@ -78,7 +78,11 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
     graphdef = setup.step.units.graphdef
     params = {}
     for name, value in tensors.items():
-        checkpoint._merge(params, name, value)
+        *parents, last = name.split("/")
+        node = params
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
     tokens = np.arange(32, dtype=np.int32).reshape(2, 16) % 256
     fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0])).logits(tokens)
     trained = jax.jit(lambda p: setup.step.view(p).logits(tokens))(result["state"].params)

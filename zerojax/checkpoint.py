@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import json
 import math
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
@@ -225,13 +223,6 @@ def _get(tree, path: str):
     for key in path.split("/"):
         tree = tree[key]
     return tree
-
-
-def _merge(tree: dict, path: str, value) -> None:
-    keys = path.split("/")
-    for key in keys[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[keys[-1]] = value
 
 
 def complete_steps(run_dir: Path) -> list[int]:
