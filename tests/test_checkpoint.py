@@ -62,6 +62,23 @@ def test_same_mesh_resume_is_bit_identical(uninterrupted, tmp_path):
     assert checkpoint.complete_steps(tmp_path)[-1] == 12
 
 
+def test_only_the_run_removes_a_killed_saves_leftovers(tmp_path):
+    # A killed save leaves `<step>.orbax-checkpoint-tmp` behind. Orbax removes it in a background
+    # thread of each manager that cleans up; two doing it at once raced (one rmtree found the files
+    # gone and the resumed run died). Checking the resume point must read, never clean.
+    run(tmp_path, "train.steps=3")
+    leftover = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp"
+    for i in range(50):
+        (leftover / f"d{i}").mkdir(parents=True)
+        (leftover / f"d{i}" / "chunk").write_bytes(b"x" * 64)
+    cfg = config.load(overrides=BASE + [f"train.out_dir={tmp_path}", "train.steps=6"])
+    assert train.resume_step(cfg) == 3
+    time.sleep(1.0)  # a cleanup thread started by the check would have removed it by now
+    assert leftover.is_dir() and len(list(leftover.iterdir())) == 50
+    train.run(cfg, show_progress=False)
+    assert not leftover.parent.exists() and checkpoint.complete_steps(tmp_path) == [3, 6]
+
+
 def test_export_has_true_shapes_and_the_models_logits(tmp_path):
     result = run(tmp_path, "zero.stage=3", "train.steps=4")
     out = tmp_path / "model.safetensors"

@@ -32,9 +32,12 @@ from zerojax.config import ConfigError
 from zerojax import sharding as sharding_lib
 
 
-def manager(run_dir: Path, keep: int, create: bool = True) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=create,
-                                           cleanup_tmp_directories=True)
+def manager(run_dir: Path, keep: int, create: bool = True, writer: bool = True) -> ocp.CheckpointManager:
+    """The run's checkpoint manager. Only the writer (the run loop's one manager) removes the
+    temporary directories a killed save left: orbax does it in a background thread, and two
+    managers doing it at once race on the same files (one's rmtree finds them gone)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=writer, create=create,
+                                           cleanup_tmp_directories=writer)
     return ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints", options=options)
 
 
@@ -166,7 +169,7 @@ def _open_run(run_dir: Path, step: int | None):
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
-    mgr = manager(run_dir, keep=1_000_000, create=False)
+    mgr = manager(run_dir, keep=1_000_000, create=False, writer=False)
     steps = mgr.all_steps()
     if not steps or (step is not None and step not in steps):
         raise ConfigError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "

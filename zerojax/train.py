@@ -80,7 +80,11 @@ def resume_step(cfg: Config) -> int:
     if steps[-1] > cfg.train.steps:
         raise ConfigError(f"{cfg.run_dir} has a checkpoint at step {steps[-1]}, past train.steps={cfg.train.steps}; "
                           "raise train.steps or use another train.out_dir")
-    checkpoint.read_metadata(checkpoint.manager(cfg.run_dir, cfg.train.keep, create=False), steps[-1])
+    reader = checkpoint.manager(cfg.run_dir, cfg.train.keep, create=False, writer=False)
+    try:
+        checkpoint.read_metadata(reader, steps[-1])
+    finally:
+        reader.close()
     return steps[-1]
 
 
