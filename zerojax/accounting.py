@@ -29,24 +29,53 @@ ALIASES = {0: "NO_SHARD (DDP)", 1: "-", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FORMULAS = {0: "(2 + 2 + K)·Ψ", 1: "(2 + 2)·Ψ + K·Ψ/N", 2: "2·Ψ + (2 + K)·Ψ/N", 3: "(2 + 2 + K)·Ψ/N"}
 
 
-def model_state_bytes(stage: int, params: float, devices: int, k: float = 12) -> float:
-    """Per-device bytes of model states under ZeRO `stage` (2-byte params and grads, K-byte Adam)."""
-    if devices < 1 or params < 0 or k < 0:
-        raise ConfigError(f"need params >= 0, devices >= 1 and k >= 0, got {params}, {devices}, {k}")
-    psi, n = params, devices
-    return {0: (2 + 2 + k) * psi, 1: (2 + 2) * psi + k * psi / n,
-            2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}[stage]
+def model_state_bytes(stage: int, params: float, devices: int, k: float = 12, trained: float | None = None,
+                      frozen_bytes: float = 2) -> float:
+    """Per-device bytes of model states under ZeRO `stage` (2-byte params and grads, K-byte Adam).
+
+    With `trained` < `params` (frozen leaves, a LoRA base), only the trained Ψ_t pay the formula;
+    the frozen Ψ_f = Ψ - Ψ_t are stored once, `frozen_bytes` each (no gradient, no master, no
+    moments), sharded where the stage shards weights: b_f·Ψ_f at stages 0-2, b_f·Ψ_f/N at 3."""
+    trained = params if trained is None else trained
+    if devices < 1 or params < 0 or k < 0 or not 0 <= trained <= params:
+        raise ConfigError(f"need params >= 0, devices >= 1, k >= 0 and 0 <= trainable <= params, got "
+                          f"{params}, {devices}, {k}, {trained}")
+    psi, n, frozen = trained, devices, params - trained
+    states = {0: (2 + 2 + k) * psi, 1: (2 + 2) * psi + k * psi / n,
+              2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}[stage]
+    return states + frozen_bytes * frozen / (n if stage == 3 else 1)
 
 
-def memory_report(params: float, devices: int, k: float = 12) -> dict:
+def memory_report(params: float, devices: int, k: float = 12, trained: float | None = None,
+                  frozen_bytes: float = 2) -> dict:
     """The `zerojax memory --json` document (docs/design.md §4)."""
-    return {"params": params, "devices": devices, "k": k,
-            "stages": {str(s): model_state_bytes(s, params, devices, k) for s in STAGES}}
+    doc = {"params": params, "devices": devices, "k": k,
+           "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes) for s in STAGES}}
+    if trained is not None and trained != params:
+        doc.update(trainable=trained, frozen_bytes_per_param=frozen_bytes)
+    return doc
 
 
 def count_params(cfg) -> int:
-    """Ψ of a config's model, from abstract shapes (nothing is allocated)."""
-    return step_lib.count_params(cfg.model)
+    """Ψ of a config's model, from abstract shapes (nothing is allocated); LoRA's adapters included."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_plan(cfg).leaves))
+
+
+def count_trained(cfg) -> int:
+    """Ψ_t: the parameters a config trains (all but optim.freeze's and a LoRA base)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_plan(cfg).leaves) if not leaf.frozen)
+
+
+def abstract_plan(cfg):
+    """The plan of `cfg` on one device (which leaves exist, which are frozen), from shapes."""
+    from zerojax import lora
+    from zerojax.precision import Policy
+    from zerojax.sharding import make_plan
+
+    model = step_lib.abstract_model(cfg.model, Policy(), cfg.train.seed, cfg.optim.lora)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return make_plan(params, 0, 1, 0, frozen=lora.frozen_mask(params, cfg.optim.freeze, bool(cfg.optim.lora.rank)),
+                     frozen_dtype=cfg.precision.frozen)
 
 
 def compile_step(cfg):
@@ -92,13 +121,25 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
                           step.policy.reduce.itemsize)
     explicit = z.schedule == "shard_map"
+    leaves = jax.tree.leaves(step.plan.leaves)
+    trained = sum(math.prod(leaf.shape) for leaf in leaves if not leaf.frozen)
+    b_f = jnp.dtype(cfg.precision.frozen).itemsize
+    frozen = {} if trained == params else {
+        "trainable": trained, "frozen_bytes_per_param": b_f,
+        # What the step keeps between steps: the frozen leaves as stored (b_f·Ψ_f, /N at stage 3)
+        # and the trained leaves' fp32 master, m and v (12·Ψ_t, /N at stages 1-3).
+        "state_formula_bytes": b_f * (params - trained) / (n if stage == 3 else 1) + 12 * trained / (n if stage else 1),
+        "state_bytes": state_bytes(step.plan),
+    }
     return {
         **measure_memory(compiled),
-        "formula_bytes": model_state_bytes(stage, params, n),
+        "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f),
         "unsharded_bytes": step.plan.unsharded_bytes() if stage else 0,
+        **frozen,
         "schedule": z.schedule, "remat": cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),
-        "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward),
+        "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward, trained,
+                                               cfg.train.grad_accum),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
         **({"transient_estimate": transient_estimate(cfg, step, b_g, b_r)} if stage == 3 and explicit else {}),
     }
@@ -175,8 +216,8 @@ def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
         # with reshard_after_forward=false, the outer unit)
         "gathered_units": ((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather,
         "unit_gradient": 2 * layer * b_reduce,  # the unit's gradient and its flat layout
-        # the fp32 gradient shards, alive from the backward until the in-place Adam update
-        "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(step.plan.leaves)) // step.plan.data_size,
+        # the fp32 gradient shards of the trained leaves, alive from the backward until the in-place Adam update
+        "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(step.plan.trained_leaves)) // step.plan.data_size,
     }
 
 
@@ -190,7 +231,9 @@ def saved_per_block(cfg, step, name: str, x) -> int:
         return nbytes(x)
     w = unit_params(step, name, step.policy.compute)
     apply = lambda w, x: step.units.block(name, w, x)
-    residuals = jax.eval_shape(lambda w, x: fsdp.block_residuals(apply, REMAT_POLICIES[cfg.model.remat], w, x)[1], w, x)
+    frozen = step.plan.frozen[name]
+    residuals = jax.eval_shape(
+        lambda w, x: fsdp.block_residuals(apply, REMAT_POLICIES[cfg.model.remat], w, frozen, x)[1], w, x)
     return nbytes(residuals)
 
 
@@ -348,14 +391,35 @@ def loop_collectives(hlo_text: str, n_devices: int) -> list[dict]:
 
 
 def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,
-                      reshard_after_forward: bool = True) -> float:
-    """docs/design.md §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N)."""
-    g = (n - 1) / n
+                      reshard_after_forward: bool = True, trained: float | None = None, grad_accum: int = 1) -> float:
+    """docs/design.md §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N).
+
+    `trained` (Ψ_t, default Ψ): only trained leaves have gradients to reduce; frozen ones are
+    gathered at stage 3 and replicated (never sent) below it. With `grad_accum` k microbatches,
+    stages 2 and 3 reduce-scatter each microbatch's gradient and stage 3 gathers per microbatch
+    (XLA may hoist a unit's gathers out of the microbatch loop where they do not change: the
+    outer unit's; then it sends less)."""
+    g, t, k = (n - 1) / n, params if trained is None else trained, grad_accum
     if stage == 0:
-        return 2 * g * params * b_reduce
-    if stage in (1, 2) or not reshard_after_forward:
-        return g * params * (b_reduce + b_gather)
-    return g * params * (2 * b_gather + b_reduce)
+        return 2 * g * t * b_reduce
+    if stage == 1:
+        return g * t * (b_reduce + b_gather)
+    if stage == 2:
+        return g * t * (k * b_reduce + b_gather)
+    if not reshard_after_forward:
+        return k * g * (params * b_gather + t * b_reduce)
+    return k * g * (2 * params * b_gather + t * b_reduce)
+
+
+def state_bytes(plan) -> int:
+    """Per-device bytes of the state a step keeps, from the plan: per leaf its stored copy, and for
+    trained leaves two fp32 Adam moments beside it, divided by N where the leaf is sharded."""
+    total = 0
+    for leaf in jax.tree.leaves(plan.leaves):
+        per_copy = math.prod(leaf.stored) * leaf.itemsize
+        sharded = leaf.dim is not None and (plan.layout.master or leaf.frozen)
+        total += per_copy * (1 if leaf.frozen else 3) // (plan.data_size if sharded else 1)
+    return total
 
 
 def peak_bytes(memory: dict) -> int:

@@ -126,7 +126,7 @@ def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int
 # ---------------------------------------------------------------------------------------------
 # Export: one consolidated safetensors file, or a Hugging Face directory, written leaf by leaf.
 
-FORMATS = ("safetensors", "hf")
+FORMATS = ("safetensors", "hf", "peft")
 
 
 def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
@@ -141,7 +141,7 @@ def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple)
                                           "path": "params." + path.replace("/", ".")}}
     try:
         store = ts.open(spec, open=True, read=True).result()
-        assert tuple(store.shape) == tuple(shape) and store.dtype.numpy_dtype == np.float32
+        assert tuple(store.shape) == tuple(shape) and np.issubdtype(store.dtype.numpy_dtype, np.floating)
     except Exception:  # noqa: BLE001 - any other layout: let orbax read it
         item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
         args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
@@ -152,7 +152,7 @@ def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple)
     chunk = store.chunk_layout.read_chunk.shape
     for corner in itertools.product(*[range(0, n, c) for n, c in zip(shape, chunk)]):
         block = tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
-        yield block, store[block].read().result()
+        yield block, np.asarray(store[block].read().result(), np.float32)  # frozen leaves are stored bf16
         _return_freed_memory()  # the chunk's buffers, before the next chunk
 
 
@@ -179,19 +179,39 @@ def _open_run(run_dir: Path, step: int | None):
 
 
 def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None, fmt: str = "safetensors",
-           max_shard_bytes: int = 5 * 10**9) -> dict:
-    """Write the master weights of a checkpoint: `safetensors`, one file named by zerojax's
-    parameter paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index).
+           max_shard_bytes: int = 5 * 10**9, merge: bool = False) -> dict:
+    """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
+    paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
+    run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them.
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
-    shard of one leaf, not the model; what is written appears only once complete."""
+    shard of one leaf (and a kernel's adapters), not the model; what is written appears only
+    once complete."""
     from zerojax import hf
+    from zerojax.lora import is_adapter
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
     mgr, step, meta = _open_run(run_dir, step)
     shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
-    blocks_of = lambda path: _leaf_blocks(mgr, step, path, shapes[path])
-    if fmt == "safetensors":
+    saved = dict(shapes)
+    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path])
+    adapters = any(is_adapter(p) for p in shapes)
+    if fmt == "peft" and not adapters:
+        raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
+                          "use --format hf or --format safetensors")
+    if merge and (fmt != "hf" or not adapters):
+        raise ConfigError("--merge merges a LoRA run's adapters into a Hugging Face export: it needs --format hf "
+                          "and a run trained with optim.lora.rank > 0")
+    if fmt == "hf" and adapters and not merge:
+        raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
+                          "model with them merged in")
+    if merge:
+        blocks_of = _merged(blocks_of, shapes, meta["config"]["optim"]["lora"])
+        shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
+    if fmt == "peft":
+        stacked = _stacked(meta["config"]["model"])
+        written, count = hf.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype)
+    elif fmt == "safetensors":
         tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")
         hf.fill(hf.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
@@ -205,15 +225,46 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
 
-def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
-               tokenizer: str = "") -> tuple[int, int]:
-    from zerojax import hf, step as step_lib
+def _stacked(model: dict) -> tuple[str, ...]:
+    from zerojax import step as step_lib
     from zerojax.config import ModelConfig
     from zerojax.models import Units
 
-    stacked = Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
-    return hf.save(out, model, shapes, stacked, blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
+    return Units.of(step_lib.abstract_model(ModelConfig(**model), step_lib.Policy())).names
+
+
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
+               tokenizer: str = "") -> tuple[int, int]:
+    from zerojax import hf
+
+    return hf.save(out, model, shapes, _stacked(model), blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
                    tokenizer=tokenizer)
+
+
+def _whole(blocks) -> np.ndarray:
+    pieces = list(blocks)
+    out = np.zeros([max(i[d].stop for i, _ in pieces) for d in range(len(pieces[0][0]))], np.float32)
+    for index, block in pieces:
+        out[index] = block
+    return out
+
+
+def _merged(blocks_of, shapes: dict, lora: dict):
+    """`blocks_of` with every adapted kernel's blocks W + (alpha / rank)·A·B (in fp32): the
+    adapters of a kernel are read whole (they are small), its blocks one at a time."""
+    scale = lora["alpha"] / lora["rank"]
+
+    def merged(path):
+        layer = path.removesuffix("/kernel")
+        if not path.endswith("/kernel") or f"{layer}/lora_a" not in shapes:
+            yield from blocks_of(path)
+            return
+        a, b = _whole(blocks_of(f"{layer}/lora_a")), _whole(blocks_of(f"{layer}/lora_b"))
+        for index, block in blocks_of(path):
+            lead, (rows, cols) = index[:-2], index[-2:]
+            yield index, block + scale * np.matmul(a[lead + (rows, slice(None))], b[lead + (slice(None), cols)])
+
+    return merged
 
 
 def _nest(path: str, value):

@@ -41,6 +41,10 @@ def build_parser() -> Parser:
     memory.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (with --config)")
     memory.add_argument("--devices", type=positive_int, help="devices N on the data axis")
     memory.add_argument("--k", type=float, default=12, help="optimizer bytes per parameter (Adam: 12)")
+    memory.add_argument("--trainable", type=parse_count,
+                        help="parameters trained (LoRA adapters, unfrozen leaves); the rest are frozen")
+    memory.add_argument("--frozen-bytes", type=float, default=2,
+                        help="bytes per frozen parameter (precision.frozen: bfloat16 2, float32 4)")
     memory.add_argument("--json", action="store_true", help="print one JSON document")
 
     analyze = sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas")
@@ -56,9 +60,11 @@ def build_parser() -> Parser:
     export = sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
                                            "Hugging Face directory")
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf)")
-    export.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
-                        help="safetensors: zerojax's parameter paths; hf: what transformers loads")
+    export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft)")
+    export.add_argument("--format", choices=["safetensors", "hf", "peft"], default="safetensors",
+                        help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
+                             "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them")
+    export.add_argument("--merge", action="store_true", help="hf, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -171,14 +177,20 @@ def cmd_memory(args) -> int:
         raise UsageError("give exactly one of --params P or --config PATH")
     if args.k < 0:
         raise UsageError(f"--k {args.k} must be >= 0 (Adam with fp32 master: 12)")
+    trained, frozen_bytes = args.trainable, args.frozen_bytes
     if args.config is not None:
         cfg = config.load(args.config, args.overrides)
-        params = accounting.count_params(cfg)
+        params, trained = accounting.count_params(cfg), accounting.count_trained(cfg)
+        frozen_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.precision.frozen]
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
         raise UsageError("give --devices N (the devices on the data axis)")
+    if trained is not None and not 0 < trained <= params:
+        raise UsageError(f"--trainable {trained:g} must be in (0, --params {params:g}]")
+    if frozen_bytes <= 0:
+        raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be > 0")
     params = int(params) if float(params).is_integer() else params
-    doc = accounting.memory_report(params, devices, args.k)
+    doc = accounting.memory_report(params, devices, args.k, trained, frozen_bytes)
     report.emit(doc, args.json, report.memory_table)
     return 0
 
@@ -202,7 +214,8 @@ def cmd_export(args) -> int:
     out = Path(args.out)
     if args.format == "safetensors" and out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
-    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size))
+    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
+                             merge=args.merge)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
           f"({args.dtype}) from step {done['step']}")

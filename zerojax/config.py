@@ -143,14 +143,16 @@ class PrecisionConfig:
     hysteresis: int = 2  # overflows tolerated before the scale halves
     min_loss_scale: float = 1.0  # the scale never drops below this
     max_skipped_steps: int = 10  # consecutive non-finite steps before the run stops
+    frozen: str = "bfloat16"  # how frozen parameters (optim.freeze, a LoRA base) are stored: no master copy
 
     def __post_init__(self):
-        for key in ("param", "compute", "gather", "reduce"):  # presets fp32 / bf16 / fp16
+        for key in ("param", "compute", "gather", "reduce", "frozen"):  # presets fp32 / bf16 / fp16
             object.__setattr__(self, key, DTYPE_ALIASES.get(getattr(self, key), getattr(self, key)))
         _choice("precision.param", self.param, ("float32",))
         _choice("precision.compute", self.compute, ("auto",) + DTYPES)
         _choice("precision.gather", self.gather, ("auto",) + DTYPES)
         _choice("precision.reduce", self.reduce, DTYPES)
+        _choice("precision.frozen", self.frozen, DTYPES)
         if isinstance(self.loss_scale, str):
             _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
         elif not self.loss_scale > 0:
@@ -158,6 +160,21 @@ class PrecisionConfig:
         _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
         _at_least("precision.hysteresis", self.hysteresis, 1)
         _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    rank: int = 0  # adapter rank r; 0 = LoRA off
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
+    targets: tuple[str, ...] = ("*attn*kernel", "*mlp*kernel")  # glob patterns over the kernels of nnx.Linear layers
+    init_from: str = ""  # adapters to continue from: a PEFT directory (`zerojax export --format peft`)
+
+    def __post_init__(self):
+        _at_least("optim.lora.rank", self.rank, 0)
+        if not self.alpha > 0:
+            raise ConfigError(f"optim.lora.alpha={self.alpha!r} is not valid; it must be > 0")
+        if self.rank and not self.targets:
+            raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +188,7 @@ class OptimConfig:
     warmup_steps: int = 50  # linear warmup from 0 to lr
     schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
     freeze: tuple[str, ...] = ()  # parameter-path patterns (or unit names) that are not trained
+    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
 
     def __post_init__(self):
         _at_least("optim.lr", self.lr, 0.0)
@@ -249,10 +267,24 @@ def _section_class(name: str) -> type:
     return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "name"}[name]
 
 
+def _keys(prefix: str, cls: type) -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        nested = _nested_class(cls, f.name)
+        keys += _keys(f"{prefix}.{f.name}", nested) if nested else [f"{prefix}.{f.name}"]
+    return keys
+
+
+def _nested_class(cls: type, name: str) -> type | None:
+    """The dataclass of a sub-section (optim.lora), or None for a plain key."""
+    typ = _field_type(cls, name)
+    return typ if dataclasses.is_dataclass(typ) else None
+
+
 def valid_keys() -> list[str]:
     keys = ["name"]
     for section in SECTIONS:
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(_section_class(section))]
+        keys += _keys(section, _section_class(section))
     return keys
 
 
@@ -330,19 +362,30 @@ def _set(tree: dict, key: str, value: Any) -> None:
     if parts == ["name"]:
         tree["name"] = coerce("name", value, str)
         return
-    if len(parts) != 2 or parts[0] not in SECTIONS:
+    if len(parts) < 2 or parts[0] not in SECTIONS:
         raise _unknown_key(key)
     if key in RENAMED:
         raise ConfigError(f"{key} was replaced by {RENAMED[key]}; use {RENAMED[key].split()[0]}=...")
-    section, name = parts
-    cls = _section_class(section)
+    cls, node = _section_class(parts[0]), tree.setdefault(parts[0], {})
+    for name in parts[1:-1]:  # sub-sections: optim.lora.rank
+        if name not in {f.name for f in dataclasses.fields(cls)} or not _nested_class(cls, name):
+            raise _unknown_key(key)
+        cls, node = _nested_class(cls, name), node.setdefault(name, {})
+    name = parts[-1]
+    if name in {f.name for f in dataclasses.fields(cls)} and _nested_class(cls, name):
+        example = next(k for k in valid_keys() if k.startswith(key + "."))
+        raise ConfigError(f"{key} is a section, not a key; set its keys, e.g. {example}=...")
     if name not in {f.name for f in dataclasses.fields(cls)}:
         raise _unknown_key(key)
-    tree.setdefault(section, {})[name] = coerce(key, value, _field_type(cls, name))
+    node[name] = coerce(key, value, _field_type(cls, name))
+
+
+def _make(cls: type, values: dict):
+    return cls(**{k: _make(_nested_class(cls, k), v) if _nested_class(cls, k) else v for k, v in values.items()})
 
 
 def _build(tree: dict) -> Config:
-    sections = {name: _section_class(name)(**values) for name, values in tree.items() if name != "name"}
+    sections = {name: _make(_section_class(name), values) for name, values in tree.items() if name != "name"}
     return Config(**sections, **({"name": tree["name"]} if "name" in tree else {}))
 
 
@@ -356,11 +399,24 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
         if section == "name":
             flat["name"] = body
         elif isinstance(body, dict):
-            flat.update({f"{section}.{k}": v for k, v in body.items()})
+            flat.update(_flatten(str(section), body))
         elif section in SECTIONS:
             raise ConfigError(f"{path}: section '{section}' must be a mapping of keys")
         else:
             raise _unknown_key(str(section))
+    return flat
+
+
+def _flatten(prefix: str, body: dict) -> dict[str, Any]:
+    """{lora: {rank: 8}} under optim -> {optim.lora.rank: 8}; a key that is not a sub-section
+    keeps its mapping as its value (and is then refused by its parser)."""
+    flat = {}
+    for k, v in body.items():
+        key = f"{prefix}.{k}"
+        if isinstance(v, dict) and any(x.startswith(key + ".") for x in valid_keys()):
+            flat.update(_flatten(key, v))
+        else:
+            flat[key] = v
     return flat
 
 
@@ -465,9 +521,12 @@ def to_dict(cfg: Config) -> dict:
     def plain(v):
         return list(v) if isinstance(v, tuple) else v
 
+    def walk(d: dict) -> dict:
+        return {k: walk(v) if isinstance(v, dict) else plain(v) for k, v in d.items()}
+
     out = {"name": cfg.name}
     for section in SECTIONS:
-        out[section] = {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, section)).items()}
+        out[section] = walk(dataclasses.asdict(getattr(cfg, section)))
     return out
 
 

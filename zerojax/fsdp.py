@@ -53,7 +53,7 @@ from jax.sharding import PartitionSpec as P
 from zerojax.mesh import BATCH_AXES, DATA, REPLICA
 from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
-from zerojax.sharding import LeafPlan, Plan, microbatches
+from zerojax.sharding import LeafPlan, Plan, combine, frozen_part, microbatches, trained
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,10 @@ class UnitLayout:
     def scatter(self, grads, shards, policy: Policy):
         """The gather's transpose: one psum_scatter of the unit's gradient, in the reduce dtype.
 
-        Returns fp32 gradient shards laid out like `shards`; small leaves are psum'd."""
+        Returns fp32 gradient shards laid out like `shards`; small leaves are psum'd. (The
+        layout of a unit's gradient holds its trained leaves only: nothing is sent for frozen ones.)"""
+        if not jax.tree.leaves(self.plans):
+            return {}
         n_local = sum(math.prod(self.local_shape(p)) for p in self._sharded())
         _, layout_t = jax.vjp(lambda g: self.unpack(g, shards, policy.reduce),
                               jnp.zeros((self.n, n_local), policy.reduce))
@@ -184,16 +187,25 @@ def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead:
     return (*state, queue)
 
 
-def block_residuals(apply_block: Callable, remat_policy: Callable, w, x_BTD):
+def vjp_trained(fn: Callable, w, frozen, *args):
+    """jax.vjp of fn(w, *args) with respect to w's trained leaves and `args`: frozen leaves
+    (`frozen`, a mask like w) are closed over, so no gradient is ever computed for them.
+    The pullback returns (d trained leaves, *d args)."""
+    w_frozen = frozen_part(w, frozen)
+    return jax.vjp(lambda w_trained, *args: fn(combine(w_trained, w_frozen), *args), trained(w, frozen), *args)
+
+
+def block_residuals(apply_block: Callable, remat_policy: Callable, w, frozen, x_BTD):
     """y, and the residuals a block's backward needs under `remat_policy`, without its weights.
 
     The vjp's residuals are what the policy saves (all of them for remat=none, the matmul
     outputs for remat=dots) plus the block's inputs. The weights among them are recognised by
     identity and left out, with their slots: the backward puts the re-gathered weights back in
-    their places, so a gathered unit is never stored for the backward pass.
+    their places, so a gathered unit is never stored for the backward pass (frozen weights,
+    closed over, are found the same way).
     Returns (y, residuals, treedef, slots)."""
     fn = apply_block if remat_policy is REMAT_POLICIES["none"] else jax.checkpoint(apply_block, policy=remat_policy)
-    y_BTD, vjp = jax.vjp(fn, w, x_BTD)
+    y_BTD, vjp = vjp_trained(fn, w, frozen, x_BTD)
     leaves, treedef = jax.tree.flatten(vjp)
     slot_of = {id(leaf): k for k, leaf in enumerate(jax.tree.leaves(w))}
     slots = tuple(slot_of.get(id(leaf)) for leaf in leaves)
@@ -214,7 +226,8 @@ class StepOptions:
 class Exchange:
     """How one unit's weights reach its compute and how its gradient leaves, for the stage."""
 
-    layout: UnitLayout
+    layout: UnitLayout  # every leaf of the unit: what is gathered
+    grad_layout: UnitLayout  # its trained leaves: what is reduce-scattered
     policy: Policy
     gather: bool  # all_gather per unit per pass (else the weights are already whole)
     scatter: bool  # psum_scatter per unit (else the gradient stays whole until the step's end)
@@ -223,7 +236,7 @@ class Exchange:
         return self.layout.gather(source, self.policy) if self.gather else source
 
     def send(self, grads, shards):
-        return self.layout.scatter(grads, shards, self.policy) if self.scatter else grads
+        return self.grad_layout.scatter(grads, shards, self.policy) if self.scatter else grads
 
 
 class Tape(NamedTuple):
@@ -265,9 +278,17 @@ class Schedule:
 
     def exchange(self, name: str | None, reverse: bool = False) -> Exchange:
         """The outer unit's (name None) or one layer of stack `name`'s exchange."""
-        leaves = self.units.outer_of(self.plan.leaves) if name is None else self.plan.leaves[name]
-        layout, stage = UnitLayout(leaves, name is not None, self.plan.data_size, reverse), self.plan.layout
-        return Exchange(layout, self.policy, stage.gather_per_unit, stage.scatter_per_unit)
+        leaves, stage, n = self.unit_of(self.plan.leaves, name), self.plan.layout, self.plan.data_size
+        layout = UnitLayout(leaves, name is not None, n, reverse)
+        grad_layout = UnitLayout(trained(leaves, self.frozen(name)), name is not None, n)
+        return Exchange(layout, grad_layout, self.policy, stage.gather_per_unit, stage.scatter_per_unit)
+
+    def unit_of(self, tree, name: str | None):
+        return self.units.outer_of(tree) if name is None else tree.get(name, {})
+
+    def frozen(self, name: str | None):
+        """The unit's mask of frozen leaves."""
+        return self.unit_of(self.plan.frozen, name)
 
     def as_compute(self, w):
         """Weights enter a block in the compute dtype (as the model would cast them), so that the
@@ -282,7 +303,7 @@ class Schedule:
             return self.units.block(name, w, x), (x, kept)
         apply = lambda w, x: self.units.block(name, w, x)
         y, residuals, treedef, slots = block_residuals(apply, REMAT_POLICIES[self.options.remat],
-                                                       self.as_compute(w), x)
+                                                       self.as_compute(w), self.frozen(name), x)
         # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
         # first trace's pullback serves all of them (its residuals are all in `leaves`).
         if structure.setdefault("vjp", (treedef, slots))[1] != slots:
@@ -293,7 +314,7 @@ class Schedule:
         """A block's input gradient, and its weight gradient sent on (reduce-scattered or not)."""
         (saved, _), shard = xs
         if self.recompute:
-            _, vjp = jax.vjp(lambda w, x: self.units.block(name, w, x), w, saved)
+            _, vjp = vjp_trained(lambda w, x: self.units.block(name, w, x), w, self.frozen(name), saved)
         else:
             treedef, slots = structure["vjp"]
             weights, residuals = jax.tree.leaves(self.as_compute(w)), iter(saved)
@@ -303,12 +324,13 @@ class Schedule:
 
     def forward(self, sources, batch, structures: dict) -> Tape:
         """enter, each stack's layers (and the glue between stacks), up to the loss's input."""
-        outer = self.exchange(None).fetch(self.units.outer_of(sources))
-        x, enter_vjp = jax.vjp(lambda w: self.units.enter(w, batch), outer)
+        outer, frozen = self.exchange(None).fetch(self.units.outer_of(sources)), self.frozen(None)
+        x, enter_vjp = vjp_trained(lambda w: self.units.enter(w, batch), outer, frozen)
         saved, glue, queue, names = {}, {}, (), self.units.names
         for k, name in enumerate(names):
             if k:  # the glue reads the outer unit gathered for enter (freed after the last glue)
-                x, glue[name] = jax.vjp(lambda w, x, name=name: self.units.between(w, name, x, batch), outer, x)
+                x, glue[name] = vjp_trained(lambda w, x, name=name: self.units.between(w, name, x, batch),
+                                            outer, frozen, x)
             # The last stack's forward goes on gathering its backward's first units (prefetch).
             wrap = k == len(names) - 1 and self.ahead > 0 and not self.keep
             step = lambda x, w, e, name=name: self.block_forward(name, structures[name], x, w, e)
@@ -322,7 +344,8 @@ class Schedule:
         outer_ex = self.exchange(None)
         # Packed in reverse, this gather stays distinct from enter's (UnitLayout), so enter's is freed.
         outer = tape.outer if self.keep else self.exchange(None, reverse=True).fetch(self.units.outer_of(sources))
-        (loss, weight), exit_vjp = jax.vjp(lambda w, x: self.units.exit(w, x, batch), outer, tape.x)
+        (loss, weight), exit_vjp = vjp_trained(lambda w, x: self.units.exit(w, x, batch), outer, self.frozen(None),
+                                               tape.x)
         share = weight / self.n_calls  # this call's part of the step's loss
         d_outer, dx = exit_vjp((scale.astype(jnp.float32) * share, jnp.zeros_like(weight)))
         grads, names = {}, self.units.names
@@ -331,20 +354,21 @@ class Schedule:
             source, fetch = (tape.saved[name][1], lambda w: w) if self.keep else (sources[name], ex.fetch)
             step = lambda dy, w, xs, name=name, ex=ex: self.block_backward(name, structures[name], ex.send, dy, w, xs)
             queue = tape.queue if k == len(names) - 1 else ()
-            dx, grads[name], _ = queued_scan(step, fetch, source, (tape.saved[name], shards[name]), dx,
+            dx, grads[name], _ = queued_scan(step, fetch, source, (tape.saved[name], shards.get(name, {})), dx,
                                              0 if self.keep else self.ahead, reverse=True, queue=queue or None)
             if k:
                 d_glue, dx = tape.glue_vjps[name](dx)
                 d_outer = _add(d_outer, d_glue)
         (d_enter,) = tape.enter_vjp(dx)
         grads.update(outer_ex.send(_add(d_outer, d_enter), self.units.outer_of(shards)))
+        grads = {k: v for k, v in grads.items() if jax.tree.leaves(v)}  # a stack with nothing trained
         return loss * share, share, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
     def local_grads(self, sources, shards, batch, scale):
         """This device's part of the loss, its weight, and its gradient, for one microbatch.
 
         `sources`: what units are fetched from (master shards at stage 3, whole weights else);
-        `shards`: the master shards (the layout gradients are reduce-scattered into)."""
+        `shards`: the trained leaves' master shards (the layout gradients are reduce-scattered into)."""
         structures = {name: {} for name in self.units.names}
         tape = self.forward(sources, batch, structures)
         return self.backward(tape, sources, shards, batch, scale, structures)
@@ -355,48 +379,49 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
     computed per device in `jax.shard_map` by the unit schedule of the plan's stage."""
     n_devices, stage, k = mesh.shape[REPLICA] * mesh.shape[DATA], plan.layout, options.grad_accum
     schedule = Schedule(units, plan, policy, options, n_devices * k)
-    groups = {None: UnitLayout(units.outer_of(plan.leaves), False, plan.data_size),
-              **{name: UnitLayout(plan.leaves[name], False, plan.data_size) for name in units.names}}
+    frozen = plan.frozen
 
-    def by_group(fn, *trees):
-        """fn(layout, *subtrees) for the outer unit and for each whole stack."""
-        out = fn(groups[None], *[units.outer_of(t) for t in trees])
-        return {**out, **{name: fn(groups[name], *[t[name] for t in trees]) for name in units.names}}
+    def by_group(leaves, fn, *trees):
+        """fn(layout, *subtrees) for the outer unit and for each whole stack of `leaves` (a plan)."""
+        layout = lambda sub: UnitLayout(sub, False, plan.data_size)
+        out = fn(layout(units.outer_of(leaves)), *[units.outer_of(t) for t in trees])
+        return {**out, **{name: fn(layout(leaves[name]), *[t[name] for t in trees])
+                          for name in units.names if name in leaves}}
 
     def sources(master):
         """What the units are fetched from: shards (stage 3), or weights whole during the step."""
         if stage.gather_per_unit:
             return master
         if stage.gather_per_step:  # one all_gather per unit group per step
-            return by_group(lambda lay, m: lay.gather(m, policy), master)
+            return by_group(plan.leaves, lambda lay, m: lay.gather(m, policy), master)
         return jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(master))
 
     def reduce(grads, master):
-        """What is left to reduce at the end of the step."""
+        """What is left to reduce at the end of the step (`master`: the trained leaves')."""
         if not stage.grads:
             grads = jax.tree.map(lambda g: jax.lax.psum(g.astype(policy.reduce), (REPLICA, DATA)), plan.pad(grads))
         elif stage.scatter_per_step:
-            grads = by_group(lambda lay, g, m: lay.scatter(g, m, policy), grads, master)
+            grads = by_group(plan.trained_leaves, lambda lay, g, m: lay.scatter(g, m, policy), grads, master)
         if stage.grads and mesh.shape[REPLICA] > 1:
             grads = jax.tree.map(lambda g: jax.lax.psum(g, REPLICA), grads)
         return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
     def local(master, batch_BS, scale):
-        weights = sources(master)
+        weights, shards = sources(master), trained(master, frozen)
         if k == 1:
-            loss, weight, grads = schedule.local_grads(weights, master, batch_BS, scale)
+            loss, weight, grads = schedule.local_grads(weights, shards, batch_BS, scale)
         else:
-            like = master if stage.accum else weights  # sharded, or whole local gradients
+            like = shards if stage.accum else trained(weights, frozen)  # sharded, or whole local gradients
 
             def body(acc, micro_BS):
-                return _add(acc, schedule.local_grads(weights, master, micro_BS, scale)), None
+                return _add(acc, schedule.local_grads(weights, shards, micro_BS, scale)), None
 
             zero = jnp.zeros((), jnp.float32)
             acc = (zero, zero, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), like))
             (loss, weight, grads), _ = jax.lax.scan(body, acc, microbatches(batch_BS, k))
         loss, weight = jax.lax.psum((loss, weight), (REPLICA, DATA))
         # Σ w·l / Σ w (protocol.py); with bare losses every weight is 1 and this divides by 1.
-        return loss / weight, jax.tree.map(lambda g: g / weight, reduce(grads, master))
+        return loss / weight, jax.tree.map(lambda g: g / weight, reduce(grads, shards))
 
     return jax.shard_map(local, mesh=mesh, in_specs=(plan.master_specs, P(BATCH_AXES), P()),
                          out_specs=(P(), plan.grad_specs), check_vma=False)

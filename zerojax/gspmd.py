@@ -20,7 +20,7 @@ from zerojax.mesh import BATCH_AXES
 from zerojax.models import protocol
 from zerojax.models.protocol import Units
 from zerojax.precision import Policy
-from zerojax.sharding import Plan, constrain, microbatches
+from zerojax.sharding import Plan, combine, constrain, frozen_part, microbatches, trained
 
 
 def compute_view(master, mesh, plan: Plan, policy: Policy):
@@ -53,12 +53,14 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
     loss_of = make_loss(mesh, plan, policy, units, options.remat)
     k = options.grad_accum
 
+    frozen = plan.frozen
+
     def grads_of(master, micro_BS, scale):
-        def scaled(p):
-            loss, weight = loss_of(p, micro_BS)
+        def scaled(p):  # differentiated with respect to the trained leaves only
+            loss, weight = loss_of(combine(p, frozen_part(master, frozen)), micro_BS)
             return loss * weight / k * scale, (loss * weight / k, weight / k)
 
-        grads, (loss, weight) = jax.grad(scaled, has_aux=True)(master)
+        grads, (loss, weight) = jax.grad(scaled, has_aux=True)(trained(master, frozen))
         return loss, weight, grads
 
     def loss_and_grads(master, batch_BS, scale):
@@ -73,7 +75,7 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
                 return (*acc[:2], constrain(acc[2], mesh, plan.accum_specs)), None
 
             zero = jnp.zeros((), jnp.float32)
-            grads = constrain(jax.tree.map(jnp.zeros_like, master), mesh, plan.accum_specs)
+            grads = constrain(jax.tree.map(jnp.zeros_like, trained(master, frozen)), mesh, plan.accum_specs)
             (loss, weight, grads), _ = jax.lax.scan(body, (zero, zero, grads), micro_kBS)
         grads = jax.tree.map(lambda g: g / weight, grads)
         return loss / weight, constrain(grads, mesh, plan.grad_specs)

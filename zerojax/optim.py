@@ -3,8 +3,8 @@
 Weight decay is decoupled (AdamW) and masked off norms' scales and all biases: decaying them
 only pulls LayerNorm gains towards zero. The learning rate warms up linearly and then follows
 a cosine down to a tenth of its peak at the last step (or stays constant). Frozen parameters
-(`optim.freeze` patterns) go through `optax.set_to_zero` in a `multi_transform`: no optimizer
-state, no update. The chain is elementwise apart from the clipping norm, so on sharded master
+(`optim.freeze` patterns, a LoRA base) are not the optimizer's at all: the step hands it the
+trained leaves only, so frozen ones have no optimizer state, no master copy and no update. The chain is elementwise apart from the clipping norm, so on sharded master
 weights each device updates its own shard; under jit the norm is the norm of the whole
 gradient (XLA adds the cross-device sum).
 """
@@ -45,21 +45,21 @@ def frozen_mask(params, patterns: tuple[str, ...]):
     return jax.tree_util.tree_map_with_path(lambda path, _: is_frozen(path_name(path), patterns), params)
 
 
-def check_freeze(params, patterns: tuple[str, ...]) -> None:
+def check_freeze(params, patterns: tuple[str, ...], frozen=None, lora: bool = False) -> None:
+    """Every pattern matches a parameter, and something is left to train (`frozen`: the mask
+    the run will use, LoRA's base included)."""
     paths = [path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     for pattern in patterns:
         if not any(is_frozen(path, (pattern,)) for path in paths):
             raise ConfigError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
                              f"{', '.join(paths[:3])} (a top-level name such as {paths[0].split('/')[0]!r} freezes all of it)")
-    if all(is_frozen(path, patterns) for path in paths):
-        raise ConfigError(f"optim.freeze={list(patterns)} freezes every parameter; nothing would train")
+    frozen = frozen_mask(params, patterns) if frozen is None else frozen
+    if all(jax.tree.leaves(frozen)):
+        with_lora = " together with LoRA (which trains only the adapters)" if lora else ""
+        raise ConfigError(f"optim.freeze={list(patterns)}{with_lora} freezes every parameter; nothing would train")
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     adamw = optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=decay_mask)
-    chain = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw) if cfg.clip_norm > 0 else adamw
-    if not cfg.freeze:
-        return chain
-    labels = lambda params: jax.tree.map(lambda f: "frozen" if f else "trained", frozen_mask(params, cfg.freeze))
-    return optax.multi_transform({"trained": chain, "frozen": optax.set_to_zero()}, labels)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw) if cfg.clip_norm > 0 else adamw

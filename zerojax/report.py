@@ -37,13 +37,18 @@ def human_bytes(n: float) -> str:
 def memory_table(doc: dict):
     stages = {int(s): b for s, b in doc["stages"].items()}
     top = max(stages.values()) or 1
-    table = Table(title=f"Model states per device: Ψ = {doc['params']:,} parameters, "
+    frozen = (f" ({doc['trainable']:,} trained, the rest frozen at {doc['frozen_bytes_per_param']:g} B)"
+              if "trainable" in doc else "")
+    table = Table(title=f"Model states per device: Ψ = {doc['params']:,} parameters{frozen}, "
                         f"N = {doc['devices']} devices, K = {doc['k']:g}")
     for column in ("stage", "FSDP name", "formula", "per device", ""):
         table.add_column(column, justify="right" if column == "per device" else "left", no_wrap=True)
     for stage, nbytes in stages.items():
         bar = "█" * max(1, round(BAR_WIDTH * nbytes / top)) if nbytes else ""
-        table.add_row(str(stage), accounting.ALIASES[stage], accounting.FORMULAS[stage],
+        formula = accounting.FORMULAS[stage]
+        if "trainable" in doc:  # Ψ_t pays the formula; the frozen rest is stored once
+            formula = formula.replace("Ψ", "Ψt") + (" + b·Ψf/N" if stage == 3 else " + b·Ψf")
+        table.add_row(str(stage), accounting.ALIASES[stage], formula,
                       human_bytes(nbytes), Text(bar, style="cyan"))
     yield table
 

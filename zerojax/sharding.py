@@ -79,7 +79,12 @@ class LeafPlan:
     shape: tuple[int, ...]  # the parameter's true shape
     stored: tuple[int, ...]  # the shape of its stored copies (padded where needed)
     dim: int | None  # the dim split over `data`; None: always replicated
-    itemsize: int  # bytes per element of the master copy
+    dtype: str = "float32"  # of the stored copy: the fp32 master, or a frozen leaf's precision.frozen
+    frozen: bool = False  # no master, no optimizer state, no gradient: stored as the weight itself
+
+    @property
+    def itemsize(self) -> int:
+        return jnp.dtype(self.dtype).itemsize
 
     def spec(self, sharded: bool) -> P:
         if not sharded or self.dim is None:
@@ -126,30 +131,54 @@ class Plan:
     def layout(self) -> StageLayout:
         return LAYOUTS[self.stage]
 
-    def specs(self, sharded: bool):
-        return jax.tree.map(lambda leaf: leaf.spec(sharded), self.leaves)
+    def specs(self, sharded: bool, leaves=None):
+        return jax.tree.map(lambda leaf: leaf.spec(sharded), self.leaves if leaves is None else leaves)
 
     @property
     def master_specs(self):
         return self.specs(self.layout.master)
 
     @property
-    def grad_specs(self):
-        return self.specs(self.layout.grads)
+    def grad_specs(self):  # gradients exist for trained leaves only
+        return self.specs(self.layout.grads, self.trained_leaves)
 
     @property
     def accum_specs(self):
-        return self.specs(self.layout.accum)
+        return self.specs(self.layout.accum, self.trained_leaves)
 
     @property
     def compute_specs(self):
         return self.specs(self.layout.compute)
 
     def pad(self, params):
-        return jax.tree.map(lambda leaf, x: leaf.pad(x), self.leaves, params)
+        return self.map(lambda leaf, x: leaf.pad(x), params)
 
     def unpad(self, params):
-        return jax.tree.map(lambda leaf, x: leaf.unpad(x), self.leaves, params)
+        return self.map(lambda leaf, x: leaf.unpad(x), params)
+
+    def map(self, fn, tree):
+        """fn(leaf plan, x) over `tree`: the params or any part of them (the trained leaves)."""
+        return jax.tree_util.tree_map_with_path(lambda path, x: fn(self.leaf(path_name(path)), x), tree)
+
+    def leaf(self, path: str) -> LeafPlan:
+        node = self.leaves
+        for key in path.split("/"):
+            node = node[key]
+        return node
+
+    @property
+    def frozen(self):
+        """A pytree of bools like the params: leaves that are not trained."""
+        return jax.tree.map(lambda leaf: leaf.frozen, self.leaves)
+
+    @property
+    def trained_leaves(self):
+        """The plan of the trained leaves only (what gradients and optimizer state cover)."""
+        return trained(self.leaves, self.frozen)
+
+    def cast(self, params):
+        """Params as stored: frozen leaves in their precision.frozen dtype, the rest as given."""
+        return self.map(lambda leaf, x: x.astype(leaf.dtype) if leaf.frozen else x, params)
 
     def rows(self) -> list[dict]:
         """One row per leaf for printing: path, shape, dim, padding, bytes per device."""
@@ -158,7 +187,8 @@ class Plan:
             sharded = self.layout.master and leaf.dim is not None
             stored = math.prod(leaf.stored) * leaf.itemsize
             out.append({"path": leaf.path, "shape": list(leaf.shape), "stored": list(leaf.stored),
-                        "dim": leaf.dim, "spec": str(leaf.spec(self.layout.master)),
+                        "dim": leaf.dim, "spec": str(leaf.spec(self.layout.master)), "dtype": leaf.dtype,
+                        "frozen": leaf.frozen,
                         "master_bytes_per_device": stored // self.data_size if sharded else stored})
         return out
 
@@ -168,23 +198,53 @@ class Plan:
 
 
 def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
-              stacked: tuple[str, ...] = ()) -> Plan:
+              stacked: tuple[str, ...] = (), frozen=None, frozen_dtype: str = "bfloat16") -> Plan:
     """The plan for `abstract_params` (a pytree of shapes; nothing is allocated).
 
-    `stacked` names the top-level units whose leaves carry a leading layer axis.
+    `stacked` names the top-level units whose leaves carry a leading layer axis. `frozen` (a
+    pytree of bools like the params) marks leaves that are not trained: they have no master
+    copy, only the weight itself in `frozen_dtype`, laid out as the stage lays out compute
+    weights (sharded at stage 3, replicated below it).
     """
+    frozen = jax.tree.map(lambda _: False, abstract_params) if frozen is None else frozen
 
-    def leaf_plan(path, x) -> LeafPlan:
+    def leaf_plan(path, x, is_frozen) -> LeafPlan:
         name, shape = path_name(path), tuple(x.shape)
         first = 1 if name.split("/")[0] in stacked else 0
-        itemsize = jnp.dtype(x.dtype).itemsize
+        dtype = frozen_dtype if is_frozen else jnp.dtype(x.dtype).name
         # The threshold applies per unit: a stacked leaf is L parameters of one layer each.
-        if math.prod(shape[first:]) < min_shard_size or len(shape) <= first or data_size == 1:
-            return LeafPlan(name, shape, shape, None, itemsize)
+        small = math.prod(shape[first:]) < min_shard_size or len(shape) <= first or data_size == 1
+        if small or (is_frozen and not LAYOUTS[stage].compute):
+            return LeafPlan(name, shape, shape, None, dtype, bool(is_frozen))
         dim, stored = choose_dim(shape, data_size, first)
-        return LeafPlan(name, shape, stored, dim, itemsize)
+        return LeafPlan(name, shape, stored, dim, dtype, bool(is_frozen))
 
-    return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params))
+    return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params, frozen))
+
+
+def _select(tree, mask, keep: bool):
+    if not isinstance(tree, dict):
+        return tree if bool(mask) == keep else None
+    out = {k: _select(v, mask[k], keep) for k, v in tree.items()}
+    return {k: v for k, v in out.items() if v is not None and not (isinstance(v, dict) and not v)}
+
+
+def trained(tree, frozen):
+    """The trained leaves of a nested-dict `tree` (frozen ones, and dicts left empty, dropped)."""
+    return _select(tree, frozen, False)
+
+
+def frozen_part(tree, frozen):
+    """The frozen leaves of `tree`, as a nested dict."""
+    return _select(tree, frozen, True)
+
+
+def combine(a: dict, b: dict) -> dict:
+    """Two disjoint nested dicts as one (the trained leaves and the frozen ones)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = combine(out[k], v) if k in out else v
+    return out
 
 
 def microbatches(batch_BS: jax.Array, k: int) -> jax.Array:

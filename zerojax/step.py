@@ -22,11 +22,12 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from zerojax import fsdp, gspmd
+from zerojax import lora as lora_lib
 from zerojax import mesh as mesh_lib
 from zerojax import sharding as sharding_lib
-from zerojax.config import Config, ConfigError, ModelConfig
+from zerojax.config import Config, ConfigError, LoraConfig, ModelConfig
 from zerojax.models import FAMILIES, ProtocolError, Units, protocol
-from zerojax.optim import check_freeze, frozen_mask, make_optimizer, make_schedule
+from zerojax.optim import check_freeze, make_optimizer, make_schedule
 from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
 
 SCHEDULES = {"shard_map": fsdp.make_loss_and_grads, "gspmd": gspmd.make_loss_and_grads}
@@ -34,8 +35,9 @@ SCHEDULES = {"shard_map": fsdp.make_loss_and_grads, "gspmd": gspmd.make_loss_and
 
 class TrainState(NamedTuple):
     step: jax.Array  # optimizer updates applied
-    params: Any  # fp32 master weights, a nested dict, in the plan's master layout (padded)
-    opt_state: Any  # optax state (Adam moments in fp32), laid out like the master weights
+    params: Any  # a nested dict in the plan's master layout (padded): fp32 master weights of the
+    #              trained leaves, and the frozen leaves themselves (precision.frozen)
+    opt_state: Any  # optax state (Adam moments in fp32) of the trained leaves, laid out like them
     skipped: jax.Array  # consecutive non-finite steps
     loss_scale: LossScaleState
 
@@ -69,20 +71,23 @@ def model_factory(family: str) -> Callable:
     return factory
 
 
-def build_model(cfg: ModelConfig, policy: Policy, seed: int):
-    """The model of `cfg` (call under nnx.eval_shape for shapes only). A bug inside the model's
-    own code raises as it is; a model that breaks the protocol is a ConfigError."""
+def build_model(cfg: ModelConfig, policy: Policy, seed: int, lora: LoraConfig | None = None):
+    """The model of `cfg` (call under nnx.eval_shape for shapes only), with `lora`'s adapters
+    when its rank is set. A bug inside the model's own code raises as it is; a model that
+    breaks the protocol is a ConfigError."""
     model = model_factory(cfg.family)(cfg=cfg, policy=policy, rngs=nnx.Rngs(seed))
     try:
-        protocol.check(model)
+        names = protocol.check(model)
     except ProtocolError as err:
         raise ConfigError(f"model.family={cfg.family}: {err}") from None
+    if lora is not None and lora.rank:
+        lora_lib.attach(model, lora, names, nnx.Rngs(lora=seed))
     return model
 
 
-def abstract_model(cfg: ModelConfig, policy: Policy, seed: int = 0):
+def abstract_model(cfg: ModelConfig, policy: Policy, seed: int = 0, lora: LoraConfig | None = None):
     """The model's structure and shapes; nothing is allocated."""
-    return nnx.eval_shape(lambda: build_model(cfg, policy, seed))
+    return nnx.eval_shape(lambda: build_model(cfg, policy, seed, lora))
 
 
 def count_params(cfg: ModelConfig) -> int:
@@ -101,8 +106,8 @@ class Step:
     mesh: Mesh
     policy: Policy
     units: Units  # the model's units (graphdefs); parameters travel separately
-    plan: sharding_lib.Plan
-    frozen: Any  # pytree of bools: leaves that get no gradient
+    plan: sharding_lib.Plan  # also says which leaves are frozen (LeafPlan.frozen)
+    lora: LoraConfig
     optimizer: optax.GradientTransformation
     lr: optax.Schedule
     scaler: LossScaler
@@ -131,21 +136,23 @@ def make_step(cfg: Config, mesh: Mesh) -> Step:
     scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
                               loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
                               min_loss_scale=p.min_loss_scale)
-    model = abstract_model(cfg.model, policy, cfg.train.seed)
+    lora = cfg.optim.lora
+    model = abstract_model(cfg.model, policy, cfg.train.seed, lora)
     units = Units.of(model)
     abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    check_freeze(abstract, cfg.optim.freeze)
+    frozen = lora_lib.frozen_mask(abstract, cfg.optim.freeze, bool(lora.rank))
+    check_freeze(abstract, cfg.optim.freeze, frozen, lora=bool(lora.rank))
     plan = sharding_lib.make_plan(abstract, cfg.zero.stage, mesh.shape[mesh_lib.DATA], cfg.zero.min_shard_size,
-                                  stacked=units.names)
+                                  stacked=units.names, frozen=frozen, frozen_dtype=p.frozen)
     z = cfg.zero
     options = fsdp.StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch, z.reshard_after_forward)
-    return Step(cfg.model, cfg.train.seed, mesh, policy, units, plan, frozen_mask(abstract, cfg.optim.freeze),
+    return Step(cfg.model, cfg.train.seed, mesh, policy, units, plan, lora,
                 make_optimizer(cfg.optim, cfg.train.steps), make_schedule(cfg.optim, cfg.train.steps), scaler,
                 z.schedule, options)
 
 
 def state_shardings(step: Step, abstract_state: TrainState):
-    plan = step.plan
+    plan = step.plan  # frozen leaves' specs: sharded at stage 3 only (their dim is None below it)
     specs = TrainState(P(), plan.master_specs, sharding_lib.state_specs(abstract_state.opt_state, plan,
                                                                          plan.layout.master),
                        P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale))
@@ -156,14 +163,19 @@ def init_state(step: Step, *, abstract: bool = False, loaded: dict | None = None
     """Master weights and optimizer state, born in the plan's layout (never gathered whole).
 
     With `abstract`, only the shapes and shardings (for compiling without allocating);
-    `loaded`: parameters (true shapes) to start from instead of the model's initialisation."""
+    `loaded`: parameters (true or stored shapes) to start from instead of the model's
+    initialisation; leaves it lacks (new LoRA adapters) are initialised (XLA drops the rest of
+    the initialisation, whose values are not used)."""
+    plan = step.plan
 
     def init(loaded) -> TrainState:
-        if loaded is None:
-            loaded = nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed), nnx.Param))
-        params = step.plan.pad(loaded)
+        if loaded is None or jax.tree.structure(loaded) != jax.tree.structure(plan.leaves):
+            fresh = nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed, step.lora), nnx.Param))
+            loaded = fresh if loaded is None else _fill(fresh, loaded)
+        params = plan.cast(plan.pad(loaded))
         zero = jnp.zeros((), jnp.int32)
-        return TrainState(zero, params, step.optimizer.init(params), zero, step.scaler.init())
+        opt_state = step.optimizer.init(sharding_lib.trained(params, plan.frozen))
+        return TrainState(zero, params, opt_state, zero, step.scaler.init())
 
     shapes = jax.eval_shape(init, None)
     shardings = state_shardings(step, shapes)
@@ -172,18 +184,26 @@ def init_state(step: Step, *, abstract: bool = False, loaded: dict | None = None
     return jax.jit(init, out_shardings=shardings)(loaded)
 
 
+def _fill(fresh: dict, loaded: dict) -> dict:
+    """`fresh` with every leaf that `loaded` has replaced by loaded's."""
+    return {k: (_fill(v, loaded[k]) if isinstance(v, dict) else loaded[k]) if k in loaded else v
+            for k, v in fresh.items()}
+
+
 def make_train_step(step: Step, abstract_state: TrainState | None = None):
     """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW.
 
     A step whose gradient is not finite changes nothing but the loss-scale state: parameters,
     Adam moments and the optimizer's step count stay bit-identical."""
     loss_and_grads = SCHEDULES[step.schedule](step.mesh, step.plan, step.policy, step.units, step.options)
+    frozen = step.plan.frozen
 
     def train_step(state: TrainState, batch_BS: jax.Array):
         scale = state.loss_scale.scale
+        # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
+        # reduced or applied, and they come out of the step as they went in.
         loss, grads = loss_and_grads(state.params, batch_BS, scale)
-        # Frozen leaves: no update (the optimizer's set_to_zero) and no part in the norm.
-        grads = jax.tree.map(lambda g, f: jnp.zeros_like(g) if f else g / scale, grads, step.frozen)
+        grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
 
@@ -193,7 +213,9 @@ def make_train_step(step: Step, abstract_state: TrainState | None = None):
 
         # A cond, not a select between new and old: the update then runs in place on the
         # donated buffers (a select keeps the old state alive next to the new one).
-        params, opt_state = jax.lax.cond(finite, update, lambda *old: old, state.params, state.opt_state)
+        trained, opt_state = jax.lax.cond(finite, update, lambda *old: old,
+                                          sharding_lib.trained(state.params, frozen), state.opt_state)
+        params = sharding_lib.combine(trained, sharding_lib.frozen_part(state.params, frozen))
         new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=params, opt_state=opt_state,
                                skipped=jnp.where(finite, 0, state.skipped + 1),
                                loss_scale=step.scaler.update(state.loss_scale, finite))

@@ -9,6 +9,7 @@ jitted train step under either schedule) lives in `zerojax.step`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from zerojax import checkpoint, hf
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax import mesh as mesh_lib
+from zerojax import sharding as sharding_lib
 from zerojax import step as step_lib
 from zerojax.config import Config, ConfigError
 from zerojax.sample import Progress, sample_text
@@ -61,6 +63,10 @@ def prepare(cfg: Config) -> Setup:
         )
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
+    lora = cfg.optim.lora
+    if lora.init_from:
+        hf.init_adapters(lora.init_from, step.plan, None, cfg.model.family, step.units.names,
+                         dataclasses.asdict(lora), build=False)
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
@@ -96,6 +102,10 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     loaded = None
     if cfg.model.init_from:  # built straight into the sharded master layout
         loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
+    if cfg.optim.lora.init_from:  # adapters to continue from (the rest: init_from's, or initialised)
+        adapters = hf.init_adapters(cfg.optim.lora.init_from, step.plan, step.mesh, cfg.model.family,
+                                    step.units.names, dataclasses.asdict(cfg.optim.lora))
+        loaded = sharding_lib.combine(loaded or {}, adapters)
     return step_lib.init_state(step, loaded=loaded)
 
 

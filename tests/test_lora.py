@@ -1,0 +1,221 @@
+"""LoRA on a frozen, sharded base, and frozen leaves that cost what a frozen weight should.
+
+The base is the tiny Llama fixture (tests/fixtures/hf/llama-gqa, from transformers); the PEFT
+adapter fixture beside it (llama-gqa-lora, with PEFT's own logits) was written by
+scripts/make_peft_fixture.py with torch + transformers + peft. No torch is needed here."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import ROOT, run
+from zerojax import accounting, checkpoint, cli, config, hf, train
+from zerojax.lora import is_adapter
+from zerojax.sharding import path_name
+
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+BASE = FIXTURES / "llama-gqa"
+ADAPTER = FIXTURES / "llama-gqa-lora"
+LORA = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "optim.warmup_steps=0",
+        "zero.min_shard_size=64", f"model.init_from={BASE}", "model.seq_len=32", "optim.lora.rank=4",
+        "optim.lora.alpha=8", "optim.lora.targets=*proj/kernel", "train.ckpt_every=0", "train.steps=3",
+        "optim.lr=1e-2"]
+ONE_DEVICE = ["mesh.replica=1", "mesh.data=1", "zero.stage=0"]
+
+
+def leaves(tree):
+    return {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_a_peft_adapter_gives_the_logits_peft_gives(tmp_path):
+    cfg = config.load(overrides=LORA + ONE_DEVICE + ["precision.frozen=float32", f"optim.lora.init_from={ADAPTER}",
+                                                     f"train.out_dir={tmp_path}"])
+    setup = train.prepare(cfg)
+    model = setup.step.view(train.start_state(setup, None, None, None).params)
+    reference = load_file(FIXTURES / "llama-gqa-lora.logits.safetensors")
+    logits = np.asarray(model.logits(reference["tokens"]))
+    np.testing.assert_allclose(logits, reference["logits"], atol=1e-4, rtol=0)
+    base = load_file(FIXTURES / "llama-gqa.logits.safetensors")["logits"]  # the adapter changes them a lot
+    assert np.abs(base - reference["logits"]).max() > 100 * np.abs(logits - reference["logits"]).max()
+
+
+@pytest.mark.parametrize("extra", [
+    ["zero.stage=3"], ["zero.stage=3", "zero.schedule=gspmd"],
+    ["zero.stage=2", "train.grad_accum=2", "mesh.replica=2", "mesh.data=4"], ["zero.stage=1"],
+], ids=" ".join)
+def test_lora_on_8_devices_equals_one_device(extra, tmp_path):
+    common = LORA + ["precision.frozen=float32"]
+    one, _ = run(common + ONE_DEVICE + [f"train.out_dir={tmp_path / 'one'}"])
+    eight, _ = run(common + extra + [f"train.out_dir={tmp_path / 'eight'}"])
+    np.testing.assert_allclose(eight, one, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """20 LoRA steps from the HF base on 8 devices at stage 3 (bf16 base), checkpointed."""
+    out = tmp_path_factory.mktemp("lora")
+    cfg = config.load(overrides=LORA + ["zero.stage=3", "train.steps=20", "train.ckpt_every=20",
+                                        f"train.out_dir={out}"])
+    setup = train.prepare(cfg)
+    start = leaves(train.start_state(setup, None, None, None).params)
+    result = train.run(cfg, show_progress=False)
+    return out, setup, start, result
+
+
+def test_the_base_stays_bit_identical_and_the_loss_falls(trained):
+    _, setup, start, result = trained
+    end = leaves(result["state"].params)
+    frozen = {p for p in end if not is_adapter(p)}
+    assert frozen and all(end[p].dtype == np.dtype("bfloat16") for p in frozen)  # stored bf16, no master
+    for p in frozen:
+        np.testing.assert_array_equal(end[p].view(np.uint16), start[p].view(np.uint16), err_msg=p)
+    assert any(np.abs(end[p] - start[p]).max() > 0 for p in end if p.endswith("lora_b"))  # the adapters trained
+    losses = [line["loss"] for line in result["history"]]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, losses
+    moments = [p for p, x in leaves(result["state"].opt_state).items() if x.ndim > 0]
+    assert moments and all(p.endswith(("lora_a", "lora_b")) for p in moments), moments  # none for the base
+
+
+def test_export_peft_names_match_peft_and_merge_matches_the_adapted_model(trained, tmp_path):
+    out, setup, _, result = trained
+    peft = tmp_path / "adapter"
+    assert cli.main(["export", str(out), "--format", "peft", "--out", str(peft)]) == 0
+    ours, theirs = load_file(peft / "adapter_model.safetensors"), load_file(ADAPTER / "adapter_model.safetensors")
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    written = json.loads((peft / "adapter_config.json").read_text())
+    assert (written["r"], written["lora_alpha"], written["peft_type"]) == (4, 8.0, "LORA")
+    assert sorted(written["target_modules"]) == sorted(json.loads((ADAPTER / "adapter_config.json").read_text())
+                                                       ["target_modules"])
+    state = leaves(result["state"].params)
+    np.testing.assert_array_equal(ours["base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"],
+                                  state["layers/self_attn/k_proj/lora_a"][1].T)
+    # The merged export is the adapted model: transformers' layout, adapters folded in.
+    merged = tmp_path / "merged"
+    assert cli.main(["export", str(out), "--format", "hf", "--merge", "--out", str(merged)]) == 0
+    assert not [k for k in hf_keys(merged) if "lora" in k]
+    tokens = load_file(FIXTURES / "llama-gqa.logits.safetensors")["tokens"]
+    adapted = setup.step.view(result["state"].params).logits(tokens)
+    _, reloaded = hf.load(str(merged))
+    np.testing.assert_allclose(reloaded.logits(tokens), adapted, atol=2e-4, rtol=0)
+    # and the adapter continues a run: optim.lora.init_from reads what was exported
+    cfg = config.load(overrides=LORA + ["zero.stage=3", f"optim.lora.init_from={peft}", f"train.out_dir={tmp_path / 'x'}"])
+    cont = train.prepare(cfg)
+    again = leaves(train.start_state(cont, None, None, None).params)
+    np.testing.assert_array_equal(again["layers/mlp/up_proj/lora_b"], state["layers/mlp/up_proj/lora_b"])
+
+
+def hf_keys(directory):
+    return [k for f in directory.glob("*.safetensors") for k in load_file(f)]
+
+
+def test_a_lora_run_resumes_on_another_mesh(tmp_path):
+    common = LORA + ["train.steps=6", "train.ckpt_every=3"]
+    reference, _ = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'ref'}"])
+    cfg = config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'run'}"])
+    train.run(cfg, show_progress=False, stop_at=4)
+    resumed, _ = run(common + ["zero.stage=1", "mesh.replica=2", "mesh.data=4", f"train.out_dir={tmp_path / 'run'}"])
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(losses, reference, rtol=1e-5)
+    assert len(resumed) == 2  # steps 5 and 6, after the checkpoint at step 4
+
+
+# Accounting, from the compiled step: llama-tiny with rank-8 adapters on every projection,
+# small enough a threshold that the adapters are sharded too; layers 1024 wide (a LoRA's share
+# of a layer shrinks with its width: r·(in + out) / (in·out)); three layers, since with one or two
+# XLA unrolls the backward's one-iteration scan and merges its gather with the forward's (any model).
+TINY_LORA = ["zero.min_shard_size=512", "optim.lora.rank=8", "optim.lora.targets=*attn*kernel,*mlp*kernel"]
+WIDE = ["model.d_model=1024", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=2048", "model.n_layers=3"]
+
+
+def compiled(*overrides):
+    cfg = config.load(ROOT / "configs" / "llama-tiny.yaml", list(overrides))
+    step, program = accounting.compile_step(cfg)
+    return cfg, step, program, accounting.stage_report(cfg, step, program, accounting.count_params(cfg))
+
+
+def test_lora_sends_and_keeps_what_the_formulas_say():
+    cfg, step, program, lora = compiled(*TINY_LORA, *WIDE)
+    *_, full = compiled("zero.min_shard_size=512", *WIDE)
+    n, g = 8, 7 / 8
+    trained = [leaf for leaf in jax.tree.leaves(step.plan.leaves) if not leaf.frozen]
+    assert trained and all(is_adapter(leaf.path) and leaf.dim is not None for leaf in trained)
+    # Only the adapters' gradients are reduce-scattered: g x their fp32 bytes, nothing for the base.
+    adapter_bytes = sum(np.prod(leaf.stored) * 4 for leaf in trained)
+    assert lora["comm"]["reduce-scatter"] == pytest.approx(g * adapter_bytes, rel=1e-6)
+    assert lora["comm"]["reduce-scatter"] <= 0.02 * full["comm"]["reduce-scatter"]
+    assert lora["comm_bytes"] == pytest.approx(lora["comm_theory_bytes"], rel=0.01)
+    # What the step keeps: the bf16 base and the adapters' master, m and v, all /N, within 5%
+    # of b_f·Ψ_base/N + 12·Ψ_lora/N (the replicated norm scales are the difference).
+    batch = cfg.train.global_batch * (cfg.model.seq_len + 1) * 4 // n
+    persistent = lora["argument_bytes"] - batch
+    assert persistent == pytest.approx(lora["state_formula_bytes"], rel=0.05)
+    assert abs(persistent - lora["state_bytes"]) < 64  # and exactly the plan's, but the step counters
+
+
+def test_freezing_alone_stores_frozen_leaves_in_bf16_without_a_master():
+    freeze = "optim.freeze=layers/mlp/*"
+    *_, before = compiled("zero.min_shard_size=512")
+    _, step, _, after = compiled("zero.min_shard_size=512", freeze)
+    frozen = [leaf for leaf in jax.tree.leaves(step.plan.leaves) if leaf.frozen]
+    psi_f = sum(np.prod(leaf.shape) for leaf in frozen)
+    assert frozen and all(leaf.dtype == "bfloat16" and leaf.dim is not None for leaf in frozen)
+    # The frozen leaves cost 2·Ψ_f/N instead of their 12·Ψ_f/N of master, m and v.
+    assert before["argument_bytes"] - after["argument_bytes"] == pytest.approx((12 - 2) * psi_f / 8, rel=1e-6)
+    # and no gradient of theirs is reduce-scattered (fp32: 4 bytes, g = 7/8 of them sent)
+    assert before["comm"]["reduce-scatter"] - after["comm"]["reduce-scatter"] == pytest.approx(7 / 8 * 4 * psi_f, rel=1e-6)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["optim.lora.targets=*wq*"], "optim.lora.targets pattern '*wq*' matches no nnx.Linear kernel"),
+    (["optim.lora.rank=17"], "optim.lora.rank=17 is larger than layers/self_attn/k_proj/kernel's smaller dim (16"),
+    (["precision.frozen=int8"], "precision.frozen='int8' is not valid; choose one of"),
+    (["optim.freeze=*lora*"], "together with LoRA (which trains only the adapters) freezes every parameter"),
+    ([f"optim.lora.init_from={ADAPTER}", "optim.lora.rank=2"], "its r=4 differs from optim.lora.rank=2"),
+    ([f"optim.lora.init_from={BASE}"], "not a PEFT adapter directory"),
+])
+def test_bad_lora_input_exits_2_before_anything_is_written(extra, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--no-progress", *LORA, *extra, f"train.out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_exports_that_do_not_fit_the_run_exit_2(trained, tmp_path, capsys):
+    out = trained[0]
+    assert cli.main(["export", str(out), "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    assert "--format peft writes them, --format hf --merge" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    run([o for o in LORA if not o.startswith("optim.lora")] + ["train.steps=1", "train.ckpt_every=1",
+                                                               f"train.out_dir={plain}"])
+    assert cli.main(["export", str(plain), "--format", "peft", "--out", str(tmp_path / "y")]) == 2
+    assert "trained without LoRA" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_lora_keys_nest_in_yaml_and_on_the_command_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lora:\n    rank: 8\n    targets: ['*q_proj*']\nprecision:\n  frozen: fp32\n")
+    cfg = config.load(path, ["optim.lora.alpha=4"])
+    assert cfg.optim.lora == config.LoraConfig(rank=8, alpha=4.0, targets=("*q_proj*",))
+    assert cfg.precision.frozen == "float32"
+    config.dump(cfg, tmp_path / "again.yaml")
+    assert config.load(tmp_path / "again.yaml") == cfg
+    for bad, message in (("optim.lora=3", "optim.lora is a section, not a key; set its keys, e.g. optim.lora.rank"),
+                         ("optim.lora.rnk=3", "did you mean 'optim.lora.rank'")):
+        with pytest.raises(config.ConfigError, match=message.replace(".", r"\.")):
+            config.load(overrides=[bad])
+
+
+def test_memory_bills_frozen_parameters_once(capsys):
+    assert cli.main(["memory", "--params", "8B", "--trainable", "20M", "--devices", "8", "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    # By hand: Ψ_t = 20M pay 16 bytes (2 + 2 + 12) at stage 0 and 16/8 at stage 3; the frozen
+    # 7.98B pay 2 bytes (bf16), / 8 at stage 3 only.
+    assert stages["0"] == 20e6 * 16 + 7.98e9 * 2 == 16.28e9
+    assert stages["3"] == pytest.approx(20e6 * 16 / 8 + 7.98e9 * 2 / 8) and stages["3"] == pytest.approx(2.035e9)
+    assert stages["1"] == pytest.approx(20e6 * (4 + 12 / 8) + 7.98e9 * 2)
+    assert cli.main(["memory", "--params", "8B", "--trainable", "9B", "--devices", "8"]) == 2

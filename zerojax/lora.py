@@ -1,0 +1,110 @@
+"""LoRA: low-rank adapters on the `nnx.Linear` layers of any model, over a frozen base.
+
+`optim.lora.targets` are glob patterns over kernel paths (`layers/self_attn/q_proj/kernel`). Each
+targeted `nnx.Linear` keeps its kernel where it was and gains two parameters beside it, as PEFT
+defines them (Hu et al. 2021):
+
+    y = x·W + (alpha / rank) · (x·A)·B        A [in, r] ~ U(±1/sqrt(in)),  B [r, out] = 0
+
+so a new adapter leaves the model's output unchanged. A and B live at `<layer>/lora_a` and
+`<layer>/lora_b`; on a stacked layer they carry the stack's layer axis like the kernel, so they
+travel with its unit. Everything else is frozen (`zerojax.sharding`: no master, no optimizer
+state, no gradient). PEFT stores A transposed (`lora_A.weight` [r, in]) and B too
+(`lora_B.weight` [out, r]); `zerojax export --format peft` writes them so.
+
+The layer is changed in place into a subclass of its own class that adds the adapter's term to
+the class's own `__call__`, so whatever the layer did (dtype, precision, bias) it still does.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zerojax.config import ConfigError, LoraConfig
+from zerojax.sharding import path_name
+
+ADAPTERS = ("lora_a", "lora_b")
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _with_adapter(cls: type) -> type:
+    """The LoRA subclass of a layer class: its own `__call__` plus the adapter's term. One per
+    class (so graphdefs compare equal), with the class as its only base and no slots of its
+    own, so that an existing layer's class can be swapped for it."""
+    if cls not in _SUBCLASSES:
+
+        def __call__(self, x, *args, **kwargs):
+            y = cls.__call__(self, x, *args, **kwargs)
+            a, b = self.lora_a[...].astype(y.dtype), self.lora_b[...].astype(y.dtype)
+            return y + (self.lora_scale * ((x.astype(y.dtype) @ a) @ b)).astype(y.dtype)
+
+        _SUBCLASSES[cls] = type(cls)(f"LoRA{cls.__name__}", (cls,),
+                                     {"__call__": __call__, "__module__": __name__, "__slots__": ()})
+    return _SUBCLASSES[cls]
+
+
+def is_adapter(path: str) -> bool:
+    return path.rsplit("/", 1)[-1] in ADAPTERS
+
+
+def kernel_paths(model) -> list[str]:
+    """Paths of every parameter of `model` (for error messages)."""
+    return [path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))]
+
+
+def targets_of(model, cfg: LoraConfig) -> list[tuple[str, nnx.Module]]:
+    """(kernel path, layer) of every nnx.Linear whose kernel a target pattern matches."""
+    found, matched = [], set()
+    for path, node in nnx.iter_graph(model):
+        if not isinstance(node, nnx.Linear):
+            continue
+        kernel = "/".join(str(k) for k in path) + "/kernel"
+        hits = [p for p in cfg.targets if fnmatch.fnmatchcase(kernel, p)]
+        if hits:
+            found.append((kernel, node))
+            matched.update(hits)
+    unmatched = [p for p in cfg.targets if p not in matched]
+    if unmatched:
+        kernels = [p for p in kernel_paths(model) if p.endswith("kernel")]
+        raise ConfigError(f"optim.lora.targets pattern {unmatched[0]!r} matches no nnx.Linear kernel; the model's "
+                          f"kernels look like {', '.join(kernels[:4]) or '(none)'}")
+    return found
+
+
+def attach(model, cfg: LoraConfig, stacked: tuple[str, ...], rngs: nnx.Rngs):
+    """Give every targeted layer of `model` an adapter of rank `cfg.rank` (in place)."""
+    if cfg.rank <= 0:
+        raise ConfigError(f"optim.lora.rank={cfg.rank} is not valid; it must be >= 1")
+    for kernel, layer in targets_of(model, cfg):
+        shape = tuple(layer.kernel[...].shape)
+        lead, (d_in, d_out) = shape[:-2], shape[-2:]
+        if len(shape) != 2 + (kernel.split("/")[0] in stacked):
+            raise ConfigError(f"optim.lora.targets: {kernel} has shape {list(shape)}, not a [in, out] kernel")
+        if cfg.rank > min(d_in, d_out):
+            raise ConfigError(f"optim.lora.rank={cfg.rank} is larger than {kernel}'s smaller dim "
+                              f"({min(d_in, d_out)} of {list(shape)}); choose rank <= {min(d_in, d_out)}")
+        bound = 1 / math.sqrt(d_in)  # PEFT: kaiming_uniform_(a=sqrt(5)) on lora_A [r, in]
+        param_dtype = layer.kernel[...].dtype
+        layer.__class__ = _with_adapter(type(layer))
+        layer.lora_scale = cfg.alpha / cfg.rank
+        layer.lora_a = nnx.Param(jax.random.uniform(rngs.lora(), lead + (d_in, cfg.rank), param_dtype, -bound, bound))
+        layer.lora_b = nnx.Param(jnp.zeros(lead + (cfg.rank, d_out), param_dtype))
+    return model
+
+
+def frozen_mask(params, freeze_patterns: tuple[str, ...], lora: bool):
+    """Leaves not trained: the `optim.freeze` patterns', and with LoRA every non-adapter leaf."""
+    from zerojax.optim import is_frozen
+
+    def frozen(path, _):
+        name = path_name(path)
+        return is_frozen(name, freeze_patterns) or (lora and not is_adapter(name))
+
+    return jax.tree_util.tree_map_with_path(frozen, params)
