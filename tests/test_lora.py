@@ -42,15 +42,18 @@ def test_a_peft_adapter_gives_the_logits_peft_gives(tmp_path):
     assert np.abs(base - reference["logits"]).max() > 100 * np.abs(logits - reference["logits"]).max()
 
 
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    return run(LORA + ["precision.frozen=float32"] + ONE_DEVICE + [f"train.out_dir={tmp_path_factory.mktemp('one')}"])[0]
+
+
 @pytest.mark.parametrize("extra", [
     ["zero.stage=3"], ["zero.stage=3", "zero.schedule=gspmd"],
     ["zero.stage=2", "train.grad_accum=2", "mesh.replica=2", "mesh.data=4"], ["zero.stage=1"],
 ], ids=" ".join)
-def test_lora_on_8_devices_equals_one_device(extra, tmp_path):
-    common = LORA + ["precision.frozen=float32"]
-    one, _ = run(common + ONE_DEVICE + [f"train.out_dir={tmp_path / 'one'}"])
-    eight, _ = run(common + extra + [f"train.out_dir={tmp_path / 'eight'}"])
-    np.testing.assert_allclose(eight, one, rtol=1e-5)
+def test_lora_on_8_devices_equals_one_device(extra, one_device, tmp_path):
+    eight, _ = run(LORA + ["precision.frozen=float32"] + extra + [f"train.out_dir={tmp_path}"])
+    np.testing.assert_allclose(eight, one_device, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

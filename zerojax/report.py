@@ -117,6 +117,17 @@ def analyze_table(doc: dict):
                     f"{m['argument_bytes'] / m['formula_bytes']:.2f}", human_bytes(m["temp_bytes"]),
                     human_bytes(m["output_bytes"]), human_bytes(m["unsharded_bytes"]))
     yield mem
+    frozen = {stage: m for stage, m in doc["stages"].items() if "trainable" in m}
+    if frozen:
+        bill = Table(title="Frozen leaves (optim.freeze, a LoRA base): the state the step keeps, per device "
+                           "(formula terms /N where the stage shards them)")
+        for column in ("stage", "trained Ψt", "frozen Ψf", "arguments", "b_f·Ψf + 12·Ψt", "plan", "args/formula"):
+            bill.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+        for stage, m in frozen.items():
+            bill.add_row(stage, f"{m['trainable']:,}", f"{doc['params'] - m['trainable']:,}",
+                         human_bytes(m["argument_bytes"]), human_bytes(m["state_formula_bytes"]),
+                         human_bytes(m["state_bytes"]), f"{m['argument_bytes'] / m['state_formula_bytes']:.3f}")
+        yield bill
     comm = Table(title="Bytes each device sends per step (ring volumes, from the optimized HLO)")
     for column in ("stage", "all-gather", "reduce-scatter", "all-reduce", "total", "DESIGN §2", "measured/theory", ""):
         comm.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
