@@ -159,6 +159,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
             step = i + 1
             do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == cfg.train.steps)
             if do_eval or (cfg.train.log_every and step % cfg.train.log_every == 0):
+                metrics = jax.device_get(metrics)  # waits for this step: the time below includes it
                 line = _metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
                 if do_eval:
                     line["eval_loss"] = evaluate(setup, eval_step, state.params)
