@@ -7,6 +7,7 @@ playwright is missing; `.ci/run` installs chromium, the test extra installs play
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -65,19 +66,23 @@ def browser():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two short real runs through the CLI: stage 3 with evals, with the report.html `zerojax
-    train` writes, and stage 1 with train.report=false. Their steps are the programs `zerojax
-    report` compiles for stage3's stages 3 and 1: the compilation cache has them (conftest.CACHE)."""
+    train` writes; and stage 1 in fp16 with train.report=false, whose loss scale starts too high
+    (2^20, no hysteresis): its first two steps overflow and are skipped (tests/test_precision.py
+    checks the scaler itself). The first run's step is the program `zerojax report` compiles for
+    its stage 3: the compilation cache has it (conftest.CACHE)."""
     root = tmp_path_factory.mktemp("runs")
-    for name, extra in (("stage3", ["train.eval_every=3"]), ("stage1", ["zero.stage=1", "train.report=false"])):
-        assert cli.main(["train", "--no-progress", *TINY, "train.steps=6", "train.global_batch=16", *extra,
+    fp16 = ["zero.stage=1", "precision.compute=float16", "precision.initial_scale_power=20", "precision.hysteresis=1",
+            "train.report=false"]
+    for name, extra in (("stage3", ["train.eval_every=3"]), ("fp16-stage1", fp16)):
+        assert cli.main(["train", "--no-progress", *TINY, "train.global_batch=16", *extra,
                          f"train.out_dir={root / name}"]) == 0
-    return root / "stage3", root / "stage1"
+    return root / "stage3", root / "fp16-stage1"
 
 
 @pytest.fixture(scope="module")
 def report(runs, tmp_path_factory):
-    """`zerojax report stage3 stage1`: stage3's stages compiled now (its analyze.json kept), stage1 left
-    without (--no-analyze), and the curves of both."""
+    """`zerojax report stage3 fp16-stage1`: stage3's stages compiled now (its analyze.json kept),
+    fp16-stage1 left without (--no-analyze), and the curves of both."""
     out = tmp_path_factory.mktemp("report") / "report.html"
     assert cli.main(["report", str(runs[0]), "--out", str(out)]) == 0  # computes stage3/analyze.json
     assert cli.main(["report", str(runs[0]), str(runs[1]), "--no-analyze", "--out", str(out)]) == 0
@@ -195,14 +200,19 @@ def svg_points(page, selector: str) -> list[tuple[float, float]]:
 
 def test_the_runs_curves_overlaid(page, runs):
     lines = [[json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
-    assert page.page.locator("table.runs tbody tr").all_text_contents()[0].startswith("stage3")
+    assert [r.split()[0] for r in page.page.locator("table.runs tbody tr").all_inner_texts()] == ["stage3", "fp16-stage1"]
     for i, logged in enumerate(lines):
         for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec"):
-            assert len(svg_points(page.page, f'figure[data-plot="{key}"] g[id="{key}-{i}"]')) == len(logged), (key, i)
+            finite = [x[key] for x in logged if math.isfinite(x[key])]  # a skipped step's grad norm is NaN or inf
+            assert len(svg_points(page.page, f'figure[data-plot="{key}"] g[id="{key}-{i}"]')) == len(finite), (key, i)
     evals = [x for x in lines[0] if "eval_loss" in x]
     assert len(evals) == 2 and page.page.locator('g[id="eval_loss-0"] use').count() == 2  # two markers
+    skipped = [x["step"] for x in lines[1] if x["skipped"]]
+    assert skipped == [1, 2] and page.page.locator('g[id="skipped-1"] use').count() == 2  # two red crosses
+    assert page.page.locator('g[id="skipped-0"]').count() == 0
     legend = page.page.locator('figure[data-plot="loss"] svg').text_content()
-    assert "stage3" in legend and "stage1" in legend and "eval loss" in legend
+    assert "stage3" in legend and "fp16-stage1" in legend and "eval loss" in legend
+    assert "skipped step (2 among the logged)" in page.page.locator('figure[data-plot="loss_scale"] svg').text_content()
     # the loss panel draws what metrics.jsonl says: its y pixels are an affine image of the losses
     (x0, y0), (x1, y1) = svg_points(page.page, 'g[id="loss-0"]')[:2]
     losses = [x["loss"] for x in lines[0]]

@@ -50,6 +50,7 @@ def to_svg(fig: Figure, name: str) -> str:
 def curves(runs: list[tuple[str, list[dict]]]) -> dict[str, str]:
     """One SVG per metric in CURVES, every run overlaid in its own colour; the lines carry ids
     `<key>-<run index>` (eval loss: `eval_loss-<i>`, skipped steps: `skipped-<i>`)."""
+    runs = [(label.replace("$", r"\$"), lines) for label, lines in runs]  # a label is text, not mathtext
     out = {}
     with mpl.rc_context(STYLE):
         for key, title, ylabel in CURVES:
