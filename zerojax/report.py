@@ -227,10 +227,10 @@ def page(runs: list[Run]) -> str:
     data = {"formats": [{"name": n, "label": formats.LABELS[n], **format_layout(n)} for n in formats.FORMATS],
             "paper": PAPER}
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    about = ", ".join(labels) if runs else "no run: the explorer and the calculator only"
+    about = f"runs: {', '.join(labels)}" if runs else "no run: the explorer and the calculator only"
     parts = {
-        "title": html.escape("zerojax report" + (f": {about}" if runs else "")),
-        "subtitle": html.escape(f"Made {now} by zerojax {__version__} (jax {jax.__version__}); runs: {about}"),
+        "title": html.escape("zerojax report" + (f": {', '.join(labels)}" if runs else "")),
+        "subtitle": html.escape(f"Made {now} by zerojax {__version__} (jax {jax.__version__}); {about}"),
         "css": (PAGE / "report.css").read_text(),
         "js": (PAGE / "report.js").read_text(),
         "data": json.dumps(data).replace("</", "<\\/"),  # never ends the <script> it sits in
