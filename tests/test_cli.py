@@ -22,9 +22,13 @@ def test_train_writes_the_run_directory(tiny_overrides, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "8 cpu devices" in proc.stdout and "sample:" in proc.stdout
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "sample.txt"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "report.html",
+                                                     "sample.txt"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["5"]  # the end of the run
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 5
+    assert f"zerojax: report {run / 'report.html'}" in proc.stdout
+    page = (run / "report.html").read_text()  # the curves; tests/test_report_page.py opens one in a browser
+    assert all(f'<figure data-plot="{key}">' in page for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec"))
 
 
 def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
@@ -50,6 +54,9 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["analyze", "--stages", "0,4"], "'0,4' is not a list of stages"),
     (["analyze", "model.d_mdoel=8"], "did you mean 'model.d_model'?"),
     (["train", "--bogus"], "unrecognized arguments: --bogus"),
+    (["report", "nowhere"], "RUN_DIR 'nowhere' does not exist; give a directory `zerojax train` wrote"),
+    (["report", "/"], "RUN_DIR '/' holds no metrics.jsonl"),
+    (["report", "--out", "no/such/dir/r.html"], "--out 'no/such/dir/r.html': directory 'no/such/dir' does not exist"),
     (["fly"], "invalid choice: 'fly'"),
 ])
 def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from zerojax import cli, formats
@@ -136,3 +137,22 @@ def test_cli_bad_values_exit_2(args, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1
+
+
+
+@pytest.mark.parametrize("name", formats.FORMATS)
+def test_which_casts_round_through_float32(name):
+    """The report's explorer rounds a float64 into `name` through float32 exactly when
+    rounds_via_float32 says so. Then every cast equals the cast of the float32-rounded value
+    (2000 doubles at or 2^-30 off the midpoints of the format's neighbours, where the two
+    orders of rounding would differ); otherwise some of them tell the two apart."""
+    rng = np.random.default_rng(0)
+    m = LAYOUT[name][1]
+    midpoints = 1 + rng.integers(0, 2 ** (m + 1), 2000) * 2.0 ** -(m + 1)
+    xs = (midpoints + rng.choice([-1, 0, 1], 2000) * 2.0**-30) * 2.0 ** rng.integers(-6, 6, 2000)
+    direct = [formats.store(float(x), name).stored for x in xs]
+    via_float32 = [formats.store(float(np.float32(x)), name).stored for x in xs]
+    if formats.rounds_via_float32(name):
+        assert direct == via_float32
+    else:
+        assert name == "float32" or direct != via_float32

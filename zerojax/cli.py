@@ -78,6 +78,13 @@ def build_parser() -> Parser:
     tokenizer.add_argument("--vocab-size", type=positive_int, required=True, metavar="N")
     tokenizer.add_argument("--out", required=True, metavar="DIR", help="writes DIR/tokenizer.json")
 
+    report = sub.add_parser("report", help="one self-contained HTML page: format explorer, memory calculator, "
+                                           "the stages measured and the curves of runs")
+    report.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories to show, overlaid")
+    report.add_argument("--out", default="report.html", help="the HTML file to write (default report.html)")
+    report.add_argument("--no-analyze", action="store_true", help="do not compile the stages of a run that has "
+                        "no RUN_DIR/analyze.json yet (its measured bars are then left out)")
+
     formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
     formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
     formats.add_argument("--table", action="store_true", help="range and precision of each format")
@@ -155,6 +162,11 @@ def cmd_train(args) -> int:
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)
+    if cfg.train.report and jax_process_index() == 0:
+        from zerojax import report
+
+        report.write_page([report.read_run(cfg.run_dir)], cfg.run_dir / "report.html")
+        print(f"zerojax: report {cfg.run_dir / 'report.html'}")
     if result["stopped"]:
         print(f"zerojax: stopped by {result['stopped']['signal']} after step {result['stopped']['step']}; "
               f"checkpoint saved in {cfg.run_dir}/checkpoints/{result['stopped']['step']}; rerun the same command "
@@ -222,6 +234,33 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    import time
+    from pathlib import Path
+
+    from zerojax import report
+    from zerojax.config import ConfigError
+
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {args.out!r}: directory {str(out.parent)!r} does not exist")
+    runs = [report.read_run(Path(d)) for d in args.run_dirs]  # every RUN_DIR checked before anything is written
+    for i, run in enumerate(runs):
+        if run.analysis is None and not args.no_analyze:
+            print(f"zerojax: analyzing {run.path}: compiling the step of stages 0-3 (kept in "
+                  f"{run.path / report.ANALYSIS})", file=sys.stderr)
+            start = time.perf_counter()
+            try:
+                runs[i] = report.analyze_run(run)
+            except ConfigError as err:  # e.g. its data file is not where the run found it: the curves still show
+                print(f"zerojax: warning: no measured bars for {run.path}: {err}", file=sys.stderr)
+                continue
+            print(f"zerojax: analyzed {run.path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    size = report.write_page(runs, out)
+    print(f"zerojax: wrote {out} ({size / 1e3:.0f} kB)")
+    return 0
+
+
 def cmd_formats(args) -> int:
     from zerojax import formats, report
 
@@ -248,7 +287,7 @@ def cmd_tokenizer(args) -> int:
 
 
 COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory, "analyze": cmd_analyze, "export": cmd_export,
-            "formats": cmd_formats}
+            "formats": cmd_formats, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -215,6 +215,7 @@ class TrainConfig:
     ckpt_every: int = 100  # steps between checkpoints (and one at the end); 0 = no checkpoints
     keep: int = 3  # checkpoints kept
     resume: str = "auto"  # auto: continue from the newest checkpoint | never
+    report: bool = True  # write report.html (curves, format explorer, memory calculator) into the run directory at the end
 
     def __post_init__(self):
         _at_least("train.steps", self.steps, 1)

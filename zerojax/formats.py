@@ -49,6 +49,19 @@ def info(name: str) -> FormatInfo:
                       float(f.smallest_subnormal), float(f.eps), has_inf)
 
 
+def rounds_via_float32(name: str) -> bool:
+    """Whether casting a float64 to `name` rounds twice, to float32 first. ml_dtypes 0.6 casts
+    float64 to bfloat16 and the float8 formats that way; numpy's float16 cast rounds once. Read
+    from the cast itself: 1 + 2^-(m+1) + 2^-30 lies just above the midpoint of 1 and the next
+    value up, so one rounding goes up; through float32, the 2^-30 is lost, the midpoint is a
+    tie, and ties go to the even neighbour, 1. The report's explorer rounds the same way."""
+    mantissa = info(name).mantissa_bits
+    if mantissa >= info("float32").mantissa_bits:
+        return False
+    probe = 1 + 2.0 ** -(mantissa + 1) + 2.0**-30
+    return float(np.array(probe).astype(dtype(name))) == 1.0
+
+
 @dataclass(frozen=True)
 class Stored:
     format: str
