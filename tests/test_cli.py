@@ -51,10 +51,52 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["analyze", "model.d_mdoel=8"], "did you mean 'model.d_model'?"),
     (["train", "--bogus"], "unrecognized arguments: --bogus"),
     (["fly"], "invalid choice: 'fly'"),
-])
+    # sizes
+    (["train", "model.d_model=30"], "model.d_model=30 must be divisible by model.n_heads=4; try model.n_heads=3"),
+    (["train", "model.family=llama", "model.n_kv_heads=3"], "model.n_heads=4 must be divisible by model.n_kv_heads=3; try model.n_kv_heads=2"),
+    (["train", "model.n_kv_heads=2"], "model.n_kv_heads=2: grouped-query attention is llama's"),
+    (["train", "model.family=llama", "model.d_model=24", "model.n_heads=8"], "= 3: llama's rotary embedding needs an even head dimension; try model.n_heads=6"),
+    (["train", "model.vocab_size=100"], "model.vocab_size=100 is too small for the byte corpus data.source=stdlib"),
+    (["train", "model.d_model=0"], "model.d_model=0 is not valid; it must be >= 1"),
+    (["train", "train.global_batch=8", "train.grad_accum=2"], "= 4 rows per microbatch must be divisible by the data-parallel size"),
+    (["train", "mesh.data=0"], "mesh.data=0 is not valid; it must be >= 1, or -1 to fill the devices the other axis leaves"),
+    (["train", "mesh.replica=-2"], "mesh.replica=-2 is not valid; it must be >= 1, or -1"),
+    (["train", "mesh.cpu_devices=0"], "mesh.cpu_devices=0 is not valid; it must be >= 1"),
+    (["train", "zero.min_shard_size=-1"], "zero.min_shard_size=-1 is not valid; it must be >= 0"),
+    (["train", "zero.prefetch=-1"], "zero.prefetch=-1 is not valid; it must be >= 0"),
+    (["train", "train.steps=0"], "train.steps=0 is not valid; it must be >= 1"),
+    (["train", "train.keep=0"], "train.keep=0 is not valid; it must be >= 1"),
+    (["train", "name="], "name='' is not valid; give the run a name"),
+    # numbers: YAML and the command line accept nan and inf as floats
+    (["train", "optim.lr=nan"], "optim.lr=nan is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lr=inf"], "optim.lr=inf is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lr=-1"], "optim.lr=-1.0 is not valid; it must be a finite number >= 0"),
+    (["train", "optim.b1=1"], "optim.b1=1.0 must be in [0, 1)"),
+    (["train", "optim.b2=nan"], "optim.b2=nan must be in [0, 1)"),
+    (["train", "optim.eps=0"], "optim.eps=0.0 is not valid; it must be a finite number > 0"),
+    (["train", "optim.eps=nan"], "optim.eps=nan is not valid"),
+    (["train", "optim.weight_decay=inf"], "optim.weight_decay=inf is not valid; it must be a finite number >= 0"),
+    (["train", "optim.clip_norm=nan"], "optim.clip_norm=nan is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lora.alpha=inf"], "optim.lora.alpha=inf is not valid; it must be a finite number > 0"),
+    (["train", "optim.lora.rank=-1"], "optim.lora.rank=-1 is not valid; it must be >= 0"),
+    (["train", "model.rope_theta=nan"], "model.rope_theta=nan is not valid; it must be a finite number > 0"),
+    (["train", "model.norm_eps=inf"], "model.norm_eps=inf is not valid"),
+    (["train", "data.val_fraction=nan"], "data.val_fraction=nan must be between 0 and 1"),
+    (["train", "precision.loss_scale=inf"], "precision.loss_scale=inf must be 'dynamic', 'none' or a static scale > 0"),
+    (["train", "precision.loss_scale=nan"], "precision.loss_scale=nan must be 'dynamic', 'none' or a static scale > 0"),
+    (["train", "precision.loss_scale=1e39"], "that float32 holds (<= 3.4e+38)"),
+    (["train", "precision.min_loss_scale=0"], "precision.min_loss_scale=0.0 is not valid; it must be a finite number > 0"),
+    (["train", "precision.initial_scale_power=200"], "2**200 overflows float32; choose a power <= 127"),
+    (["train", "precision.initial_scale_power=-5"], "starts the dynamic scale at 2**-5, below precision.min_loss_scale=1.0"),
+    (["memory", "--params", "nan", "--devices", "8"], "argument --params: 'nan' must be a finite number > 0"),
+    (["memory", "--params", "1e9", "--devices", "8", "--k", "inf"], "--k inf must be a finite number >= 0"),
+    (["memory", "--params", "1e9", "--devices", "8", "--frozen-bytes", "nan"], "--frozen-bytes nan must be a finite number > 0"),
+    (["analyze", "--budget-gb", "nan"], "argument --budget-gb: 'nan' must be a finite number > 0"),
+    (["export", "run", "--out", "x.safetensors", "--max-shard-size", "inf"], "'inf' must be a finite number > 0"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
 def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(args + ["train.steps=1"] if args[0] != "fly" and "--config" not in args and "--stages" not in args else args) == 2
+    assert cli.main(args[:1] + ["train.steps=1"] + args[1:] if args[0] == "train" else args) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
     assert message in err

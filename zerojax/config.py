@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+FLOAT32_MAX = 3.4028234663852886e38  # loss scales are float32 scalars in the train state
 
 
 def _choice(key: str, value: Any, valid: tuple) -> None:
@@ -38,8 +40,17 @@ def _choice(key: str, value: Any, valid: tuple) -> None:
 
 
 def _at_least(key: str, value: float, low: float) -> None:
-    if value < low:
+    if not value >= low:  # written so that NaN fails too
         raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}")
+
+
+def _finite(key: str, value: float, low: float, *, above: bool = False, high: float = math.inf) -> None:
+    """A float key: finite (YAML and the command line both accept nan and inf), >= low (> low
+    with `above`) and <= high."""
+    if not (math.isfinite(value) and (value > low if above else value >= low) and value <= high):
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        raise ConfigError(f"{key}={value!r} is not valid; it must be a finite number {bound}"
+                          + (f" and <= {high:g}" if high < math.inf else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +77,7 @@ class ModelConfig:
             _at_least(f"model.{key}", getattr(self, key), 1)
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
         for key in ("rope_theta", "norm_eps"):
-            if not 0 < getattr(self, key) < float("inf"):
-                raise ConfigError(f"model.{key}={getattr(self, key)} must be a finite number > 0")
+            _finite(f"model.{key}", getattr(self, key), 0, above=True)
         _choice("model.remat", self.remat, ("none", "full", "dots"))
         if self.d_model % self.n_heads:
             raise ConfigError(
@@ -77,6 +87,15 @@ class ModelConfig:
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
                               f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
+        if self.family == "gpt" and self.n_kv_heads not in (0, self.n_heads):
+            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads}: grouped-query attention is llama's; gpt has one "
+                              "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")
+        if self.family == "llama" and (self.d_model // self.n_heads) % 2:
+            even = [h for h in range(self.n_heads, 0, -1) if self.d_model % h == 0 and self.d_model // h % 2 == 0]
+            fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
+            raise ConfigError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = "
+                              f"{self.d_model // self.n_heads}: llama's rotary embedding needs an even head "
+                              f"dimension; {fix}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +126,10 @@ class MeshConfig:
     timeout_s: int = 300  # joining the other processes, and noticing one has died
 
     def __post_init__(self):
-        if self.data != -1:
-            _at_least("mesh.data", self.data, 1)
-        if self.replica != -1:
-            _at_least("mesh.replica", self.replica, 1)
+        for key in ("data", "replica"):
+            if getattr(self, key) != -1 and not getattr(self, key) >= 1:
+                raise ConfigError(f"mesh.{key}={getattr(self, key)} is not valid; it must be >= 1, or -1 to fill "
+                                  "the devices the other axis leaves")
         _at_least("mesh.cpu_devices", self.cpu_devices, 1)
         _choice("mesh.distributed", self.distributed, ("auto", "off"))
         _at_least("mesh.timeout_s", self.timeout_s, 1)
@@ -155,8 +174,17 @@ class PrecisionConfig:
         _choice("precision.frozen", self.frozen, DTYPES)
         if isinstance(self.loss_scale, str):
             _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
-        elif not self.loss_scale > 0:
-            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be > 0, 'dynamic' or 'none'")
+        elif not 0 < self.loss_scale <= FLOAT32_MAX:  # NaN and inf fail too
+            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be 'dynamic', 'none' or a static scale "
+                              f"> 0 that float32 holds (<= {FLOAT32_MAX:.3g})")
+        _finite("precision.min_loss_scale", self.min_loss_scale, 0, above=True, high=FLOAT32_MAX)
+        power = self.initial_scale_power  # the dynamic scale starts at 2**power, a float32
+        if power > 127:
+            raise ConfigError(f"precision.initial_scale_power={power}: 2**{power} overflows float32; "
+                              "choose a power <= 127 (DeepSpeed's default: 16)")
+        if 2.0**power < self.min_loss_scale:  # (2.0**-2000 is 0.0 in Python, not an error)
+            raise ConfigError(f"precision.initial_scale_power={power} starts the dynamic scale at 2**{power}, below "
+                              f"precision.min_loss_scale={self.min_loss_scale}; raise the power or lower the minimum")
         _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
         _at_least("precision.hysteresis", self.hysteresis, 1)
         _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
@@ -171,8 +199,7 @@ class LoraConfig:
 
     def __post_init__(self):
         _at_least("optim.lora.rank", self.rank, 0)
-        if not self.alpha > 0:
-            raise ConfigError(f"optim.lora.alpha={self.alpha!r} is not valid; it must be > 0")
+        _finite("optim.lora.alpha", self.alpha, 0, above=True)
         if self.rank and not self.targets:
             raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
 
@@ -191,13 +218,15 @@ class OptimConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
 
     def __post_init__(self):
-        _at_least("optim.lr", self.lr, 0.0)
+        _finite("optim.lr", self.lr, 0)
         for key in ("b1", "b2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
-        _at_least("optim.eps", self.eps, 0.0)
-        _at_least("optim.weight_decay", self.weight_decay, 0.0)
-        _at_least("optim.clip_norm", self.clip_norm, 0.0)
+        # eps > 0: Adam divides by sqrt(v) + eps, and v is 0 for a parameter with no gradient yet
+        # (the embedding row of a token not yet seen): eps = 0 would make it 0/0 = NaN.
+        _finite("optim.eps", self.eps, 0, above=True)
+        _finite("optim.weight_decay", self.weight_decay, 0)
+        _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
         _choice("optim.schedule", self.schedule, ("cosine", "constant"))
 
@@ -244,6 +273,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
+        if not self.name:
+            raise ConfigError("name='' is not valid; give the run a name (its default run directory is runs/<name>)")
         byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
         if byte_corpus and self.model.vocab_size < 256:
             raise ConfigError(
