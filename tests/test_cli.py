@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from zerojax import cli
@@ -101,6 +102,71 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, 
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
     assert message in err
     assert list(tmp_path.iterdir()) == []
+
+
+# Bad files: each case writes its inputs under the test's directory (`{tmp}` in the arguments),
+# then the command must exit 2 with one line and leave every file there as it was.
+
+def inputs(files: dict | None = None):
+    """Files to write: path -> bytes, text, a numpy array (.npy), a JSON value (config.json), or
+    None for an empty directory."""
+    def make(tmp, saved_run):
+        for name, content in (files or {}).items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if content is None:
+                path.mkdir()
+            elif isinstance(content, np.ndarray):
+                np.save(path, content)
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            elif isinstance(content, str):
+                path.write_text(content)
+            else:
+                path.write_text(json.dumps(content))
+    return make
+
+
+TEXT = "".join(f"line {i} of a small corpus\n" for i in range(200))  # 5 KB of bytes
+
+
+BAD_FILES = [
+    # data.source and data.tokenizer
+    (inputs({"e/empty.txt": ""}), ["train", "data.source={tmp}/e/empty.txt"], "the training split has 0 tokens, fewer than model.seq_len+2=18"),
+    (inputs(), ["train", "model.seq_len=8192"], "tokens, fewer than model.seq_len+2=8194; use a bigger corpus or a shorter model.seq_len"),
+    (inputs({"odd.bin": b"\x01\x00\x02"}), ["train", "data.source={tmp}/odd.bin"], "data.source='{tmp}/odd.bin' has 3 bytes, an odd number: a .bin holds raw uint16 tokens"),
+    (inputs({"empty.bin": b""}), ["train", "data.source={tmp}/empty.bin"], "the training split has 0 tokens"),
+    (inputs({"f.npy": np.ones(5000, np.float32)}), ["train", "data.source={tmp}/f.npy"], "must hold a 1-D integer token array, got float32[5000]"),
+    (inputs({"t.npy": np.zeros((100, 100), np.uint16)}), ["train", "data.source={tmp}/t.npy"], "must hold a 1-D integer token array, got uint16[100, 100]"),
+    (inputs({"n.npy": np.arange(5000, dtype=np.int32) % 200 - 5}), ["train", "data.source={tmp}/n.npy"], "holds negative token ids (down to -5); token ids count from 0"),
+    (inputs({"g.npy": b"not numpy" * 20}), ["train", "data.source={tmp}/g.npy"], "data.source='{tmp}/g.npy' is not a .npy array numpy can map"),
+    (inputs({"ids.npy": np.arange(5000, dtype=np.uint16) % 1000}), ["train", "data.source={tmp}/ids.npy"], "model.vocab_size=256 is smaller than the corpus needs (1000 from data.source="),
+    (inputs({"d.txt": None}), ["train", "data.source={tmp}/d.txt"], "data.source='{tmp}/d.txt': a directory, not a file"),
+    (inputs({"tok": None}), ["train", "data.tokenizer={tmp}/tok"], "data.tokenizer='{tmp}/tok': no such tokenizer.json"),
+    (inputs({"tok.json": "{not json"}), ["train", "data.tokenizer={tmp}/tok.json"], "tok.json is not a tokenizer.json"),
+]
+
+
+@pytest.mark.parametrize("make, args, message", BAD_FILES, ids=[" ".join(a).replace("{tmp}/", "") for _, a, _ in BAD_FILES])
+def test_each_bad_file_exits_2_with_one_line_and_leaves_the_disk_alone(make, args, message, tmp_path, request, capsys):
+    from conftest import TINY
+
+    (tmp_path / "text.txt").write_text(TEXT)
+    make(tmp_path, lambda: request.getfixturevalue("saved_run"))
+    before = snapshot(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args]
+    if args[0] == "train":  # small and fast: the TINY model on the text, writing to {tmp}/run
+        args = args[:1] + TINY + [f"data.source={tmp_path / 'text.txt'}", f"train.out_dir={tmp_path / 'run'}"] + args[1:]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+    assert message.format(tmp=tmp_path) in err, err
+    assert snapshot(tmp_path) == before
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and directory under `root`, with its size and modification time."""
+    return {str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
 @pytest.mark.parametrize("args", [
