@@ -127,6 +127,8 @@ def inputs(files: dict | None = None):
     return make
 
 
+HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "intermediate_size": 64, "rms_norm_eps": 1e-6}  # TINY's shape
 TEXT = "".join(f"line {i} of a small corpus\n" for i in range(200))  # 5 KB of bytes
 
 
@@ -144,6 +146,16 @@ BAD_FILES = [
     (inputs({"d.txt": None}), ["train", "data.source={tmp}/d.txt"], "data.source='{tmp}/d.txt': a directory, not a file"),
     (inputs({"tok": None}), ["train", "data.tokenizer={tmp}/tok"], "data.tokenizer='{tmp}/tok': no such tokenizer.json"),
     (inputs({"tok.json": "{not json"}), ["train", "data.tokenizer={tmp}/tok.json"], "tok.json is not a tokenizer.json"),
+    # model.init_from and optim.lora.init_from
+    (inputs({"w.safetensors": "plain text, not weights"}), ["train", "model.init_from={tmp}/w.safetensors"], "w.safetensors is not a readable safetensors file (ValueError: its first 8 bytes give a header of"),
+    (inputs({"hf": None}), ["train", "model.init_from={tmp}/hf"], "model.init_from='{tmp}/hf' is a directory without config.json"),
+    (inputs({"hf/config.json": [1, 2]}), ["train", "model.init_from={tmp}/hf"], "hf/config.json holds a JSON list, not a Hugging Face config"),
+    (inputs({"hf/config.json": {**HF, "architectures": "LlamaForCausalLM"}}), ["train", "model.init_from={tmp}/hf"], "architectures='LlamaForCausalLM' is not a list of model classes"),
+    (inputs({"hf/config.json": {"architectures": ["GPT2LMHeadModel"], "n_embd": 32}}), ["train", "model.init_from={tmp}/hf"], "hf/config.json has no vocab_size, n_layer, n_head, layer_norm_epsilon, n_positions"),
+    (inputs({"hf/config.json": {**HF, "num_attention_heads": 0}}), ["train", "model.init_from={tmp}/hf"], "hf/config.json: model.n_heads=0 is not valid; it must be >= 1"),
+    (inputs({"hf/config.json": HF}), ["train", "model.init_from={tmp}/hf"], "has no model.safetensors nor model.safetensors.index.json"),
+    (inputs({"peft/adapter_config.json": [1], "peft/adapter_model.safetensors": b""}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "adapter_config.json holds a JSON list, not a PEFT config"),
+    (inputs({"peft": "x"}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "not a PEFT adapter directory"),
 ]
 
 

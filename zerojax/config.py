@@ -504,15 +504,19 @@ def hf_model_keys(directory: str) -> dict:
         hf = json.loads(where.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{where} is not valid JSON ({err})") from None
-    arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in HF_ARCHITECTURES:
-        raise ConfigError(f"{where}: architecture {arch!r} is not supported; zerojax reads "
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{where} holds a JSON {type(hf).__name__}, not a Hugging Face config (a JSON object)")
+    archs = hf.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, e.g. ['LlamaForCausalLM']")
+    if archs[0] not in HF_ARCHITECTURES:
+        raise ConfigError(f"{where}: architecture {archs[0]!r} is not supported; zerojax reads "
                           f"{', '.join(HF_ARCHITECTURES)}")
-    family, keys = HF_ARCHITECTURES[arch]
+    family, keys = HF_ARCHITECTURES[archs[0]]
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 keeps rope_theta in here
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"{where}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
-                          f"by zerojax's {family}")
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+        raise ConfigError(f"{where}: rope scaling {kind!r} is not supported by zerojax's {family}")
     hf.setdefault("rope_theta", rope.get("rope_theta", HF_DEFAULTS["rope_theta"]))
     for unsupported in ("sliding_window", "attention_bias", "mlp_bias"):
         if hf.get(unsupported) not in (None, False):
@@ -520,15 +524,25 @@ def hf_model_keys(directory: str) -> dict:
     if family == "gpt" and (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")
                             or hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn")):
         raise ConfigError(f"{where}: only GPT-2's own attention and gelu_new (tanh) MLP are supported")
-    if family == "llama" and hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
-        raise ConfigError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads")
+    needed = [hf_key for key, hf_key in keys.items() if key not in HF_DEFAULTS and (family, key) != ("gpt", "d_ff")]
+    missing = [hf_key for hf_key in needed + (["n_positions"] if family == "gpt" else []) if hf.get(hf_key) is None]
+    if missing:
+        raise ConfigError(f"{where} has no {', '.join(missing)}; zerojax needs {'it' if len(missing) == 1 else 'them'} "
+                          f"to build the {family} model")
     out = {"family": family}
     for key, hf_key in keys.items():
         value = hf.get(hf_key, HF_DEFAULTS.get(key))
         out[key] = 4 * hf["n_embd"] if key == "d_ff" and value is None else value
     if family == "gpt":
         out["seq_len"] = hf["n_positions"]
-    return {k: coerce(f"model.{k}", v, _field_type(ModelConfig, k)) for k, v in out.items()}
+    try:  # the values must make a model: the same checks as the keys given in YAML
+        out = {k: coerce(f"model.{k}", v, _field_type(ModelConfig, k)) for k, v in out.items()}
+        model = ModelConfig(**out)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if family == "llama" and hf.get("head_dim") not in (None, model.d_model // model.n_heads):
+        raise ConfigError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads")
+    return out
 
 
 def _from_hugging_face(tree: dict) -> None:
