@@ -156,6 +156,12 @@ BAD_FILES = [
     (inputs({"hf/config.json": HF}), ["train", "model.init_from={tmp}/hf"], "has no model.safetensors nor model.safetensors.index.json"),
     (inputs({"peft/adapter_config.json": [1], "peft/adapter_model.safetensors": b""}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "adapter_config.json holds a JSON list, not a PEFT config"),
     (inputs({"peft": "x"}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "not a PEFT adapter directory"),
+    # the YAML config
+    (inputs({"c.yaml": "- model\n- train\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml: expected a mapping of config sections, got list"),
+    (inputs({"c.yaml": "model: 5\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml: section 'model' must be a mapping of keys"),
+    (inputs({"c.yaml": b"name: caf\xe9\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is not UTF-8 text"),
+    (inputs({"c.yaml": None}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is a directory, not a YAML file"),
+    (inputs({"c.yaml": "name: ''\n"}), ["train", "--config", "{tmp}/c.yaml"], "name='' is not valid"),
 ]
 
 

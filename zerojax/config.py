@@ -431,6 +431,8 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
             flat["name"] = body
         elif isinstance(body, dict):
             flat.update(_flatten(str(section), body))
+        elif body is None and section in SECTIONS:  # a section whose keys are all commented out
+            continue
         elif section in SECTIONS:
             raise ConfigError(f"{path}: section '{section}' must be a mapping of keys")
         else:
@@ -464,11 +466,15 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            problem = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {str(path)!r} {problem}")
         try:
-            doc = yaml.safe_load(path.read_text())
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        except UnicodeDecodeError as err:
+            problem = f"is not UTF-8 text ({err.reason} at byte {err.start})"
+            raise ConfigError(f"config file {str(path)!r} {problem}") from None
         tree["name"] = path.stem
         for key, value in _flatten_yaml(doc, path).items():
             _set(tree, key, value)
