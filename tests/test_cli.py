@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,34 @@ def inputs(files: dict | None = None):
     return make
 
 
+def a_run(change=lambda run: None):
+    """The saved run (one checkpoint, at step 3) copied to {tmp}/run, then changed."""
+    def make(tmp, saved_run):
+        shutil.copytree(saved_run(), tmp / "run")
+        change(tmp / "run")
+    return make
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A run directory of TINY's model with a checkpoint at step 3 of its initial state (saved
+    without compiling a train step) and its metrics."""
+    from conftest import TINY
+    from zerojax import checkpoint, config, mesh
+    from zerojax import step as step_lib
+
+    out = tmp_path_factory.mktemp("saved") / "run"
+    cfg = config.load(overrides=TINY + [f"train.out_dir={out}"])
+    step = step_lib.make_step(cfg, mesh.make_mesh(cfg.mesh))
+    mgr = checkpoint.manager(out, keep=1)
+    checkpoint.save(mgr, step.plan, step.mesh, step_lib.init_state(step), 3, config.to_dict(cfg))
+    mgr.wait_until_finished()
+    mgr.close()
+    config.dump(cfg, out / "config.yaml")
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0}) + "\n" for i in (1, 2, 3)))
+    return out
+
+
 HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
       "num_attention_heads": 2, "intermediate_size": 64, "rms_norm_eps": 1e-6}  # TINY's shape
 TEXT = "".join(f"line {i} of a small corpus\n" for i in range(200))  # 5 KB of bytes
@@ -162,6 +191,19 @@ BAD_FILES = [
     (inputs({"c.yaml": b"name: caf\xe9\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is not UTF-8 text"),
     (inputs({"c.yaml": None}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is a directory, not a YAML file"),
     (inputs({"c.yaml": "name: ''\n"}), ["train", "--config", "{tmp}/c.yaml"], "name='' is not valid"),
+    # train.out_dir and the run directory
+    (inputs({"afile": "x"}), ["train", "train.out_dir={tmp}/afile"], "train.out_dir='{tmp}/afile': {tmp}/afile is a file, not a directory"),
+    (inputs({"afile": "x"}), ["train", "train.out_dir={tmp}/afile/run"], "{tmp}/afile is a file, not a directory"),
+    (inputs({"run/checkpoints": "x"}), ["train", "train.ckpt_every=1"], "{tmp}/run/checkpoints is a file; the run keeps its checkpoints in that directory"),
+    (inputs({"run/metrics.jsonl": None}), ["train"], "{tmp}/run/metrics.jsonl is a directory; the run writes its metrics.jsonl there"),
+    (a_run(), ["train", "model.d_model=64"], "checkpoints/3 holds a different model than the config asks for: blocks/attn/out/bias is [2, 32] there, [2, 64] in the config's model"),
+    (a_run(), ["train", "model.family=llama"], "holds a different model than the config asks for: blocks/attn/out/bias is [2, 32] there, not in the config's model"),
+    (a_run(), ["train", "optim.lora.rank=4"], "holds a different model than the config asks for: it has no blocks/attn/out/lora_a, [2, 32, 4] in the config's model"),
+    (a_run(), ["train", "optim.freeze=embed"], "checkpoints/3 trained embed/wpe, which the config freezes (the saved run had optim.freeze=[]"),
+    (a_run(), ["train", "train.steps=2"], "has a checkpoint at step 3, past train.steps=2"),
+    (a_run(), ["train", "train.resume=never"], "train.resume=never but {tmp}/run already holds a run"),
+    (a_run(lambda run: (run / "metrics.jsonl").write_text('{"step": 1}\ngarbage\n')), ["train"], "run/metrics.jsonl, line 2: 'garbage' is not a metrics line"),
+    (a_run(lambda run: shutil.rmtree(run / "checkpoints" / "3" / "state")), ["train"], "checkpoints/3 cannot be restored"),
 ]
 
 

@@ -294,6 +294,15 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, at_most + 1) if n % d == 0)
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The existing file (not a directory) at `path` or above it, which stops a directory from
+    being created there; None if the directory exists or can be made."""
+    for where in (path, *path.absolute().parents):
+        if where.exists():
+            return None if where.is_dir() else where
+    return None
+
+
 def _section_class(name: str) -> type:
     return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "name"}[name]
 
