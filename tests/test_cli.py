@@ -204,6 +204,17 @@ BAD_FILES = [
     (a_run(), ["train", "train.resume=never"], "train.resume=never but {tmp}/run already holds a run"),
     (a_run(lambda run: (run / "metrics.jsonl").write_text('{"step": 1}\ngarbage\n')), ["train"], "run/metrics.jsonl, line 2: 'garbage' is not a metrics line"),
     (a_run(lambda run: shutil.rmtree(run / "checkpoints" / "3" / "state")), ["train"], "checkpoints/3 cannot be restored"),
+    # zerojax export
+    (inputs(), ["export", "{tmp}/nowhere", "--out", "{tmp}/x.safetensors"], "{tmp}/nowhere holds no checkpoints/ directory"),
+    (a_run(), ["export", "{tmp}/run", "--out", "{tmp}/x.safetensors", "--step", "7"], "run/checkpoints has no step 7 (complete steps: [3])"),
+    (a_run(lambda run: (run.parent / "x.safetensors").write_text("keep")), ["export", "{tmp}/run", "--out", "{tmp}/x.safetensors"], "--out '{tmp}/x.safetensors' already exists; give a new path"),
+    (a_run(lambda run: (run.parent / "hf").mkdir()), ["export", "{tmp}/run", "--format", "hf", "--out", "{tmp}/hf"], "--out '{tmp}/hf' already exists"),
+    (a_run(lambda run: (run.parent / "afile").write_text("x")), ["export", "{tmp}/run", "--out", "{tmp}/afile/x.safetensors"], "{tmp}/afile is a file, not a directory"),
+    # zerojax tokenizer train
+    (inputs(), ["tokenizer", "train", "{tmp}/missing.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "SOURCE='{tmp}/missing.txt': no such file"),
+    (inputs({"empty.txt": ""}), ["tokenizer", "train", "{tmp}/empty.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "SOURCE '{tmp}/empty.txt' is empty"),
+    (inputs({"tok": "x"}), ["tokenizer", "train", "{tmp}/text.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "--out '{tmp}/tok': {tmp}/tok already exists and is not a directory"),
+    (inputs({"tok/tokenizer.json": "{}"}), ["tokenizer", "train", "{tmp}/text.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "{tmp}/tok/tokenizer.json already exists; give a new directory"),
 ]
 
 

@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
 import zerojax
-from zerojax.config import ConfigError
+from zerojax.config import ConfigError, file_in_the_way
 from zerojax import sharding as sharding_lib
 from zerojax.lora import is_adapter
 from zerojax.optim import is_frozen
@@ -219,6 +219,11 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new path (export never overwrites)")
+    in_the_way = file_in_the_way(out.parent)
+    if in_the_way:
+        raise ConfigError(f"--out {str(out)!r}: {in_the_way} is a file, not a directory")
     mgr, step, meta = _open_run(run_dir, step)
     shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
     saved = dict(shapes)
@@ -242,6 +247,7 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     elif fmt == "safetensors":
         tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")
+        out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
         hf.fill(hf.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
         tmp.replace(out)  # the file appears only once complete
         written, count = out.stat().st_size, len(tensors)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.config import ConfigError
+from zerojax.config import ConfigError, file_in_the_way
 
 TRAIN, EVAL = 0, 1  # generator streams
 
@@ -140,12 +140,19 @@ def train_tokenizer(source: str, vocab_size: int, out: Path) -> Path:
 
     if vocab_size < 257:
         raise ConfigError(f"--vocab-size {vocab_size} must be > 256 (the 256 bytes, plus merges)")
+    in_the_way = file_in_the_way(out)
+    if in_the_way or (out / "tokenizer.json").exists():
+        raise ConfigError(f"--out {str(out)!r}: {in_the_way or out / 'tokenizer.json'} already exists"
+                          f"{' and is not a directory' if in_the_way else ''}; give a new directory")
+    pieces = text_pieces(source, "SOURCE")
+    if not any(pieces):
+        raise ConfigError(f"SOURCE {source!r} is empty: there is no text to learn merges from")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator((p.decode("utf-8", "replace") for p in text_pieces(source)), trainer)
+    tok.train_from_iterator((p.decode("utf-8", "replace") for p in pieces), trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     return out / "tokenizer.json"
