@@ -1,10 +1,12 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from zerojax import cli
@@ -58,14 +60,191 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["report", "/"], "RUN_DIR '/' holds no metrics.jsonl"),
     (["report", "--out", "no/such/dir/r.html"], "--out 'no/such/dir/r.html': directory 'no/such/dir' does not exist"),
     (["fly"], "invalid choice: 'fly'"),
-])
+    # sizes
+    (["train", "model.d_model=30"], "model.d_model=30 must be divisible by model.n_heads=4; try model.n_heads=3"),
+    (["train", "model.family=llama", "model.n_kv_heads=3"], "model.n_heads=4 must be divisible by model.n_kv_heads=3; try model.n_kv_heads=2"),
+    (["train", "model.n_kv_heads=2"], "model.n_kv_heads=2: grouped-query attention is llama's"),
+    (["train", "model.family=llama", "model.d_model=24", "model.n_heads=8"], "= 3: llama's rotary embedding needs an even head dimension; try model.n_heads=6"),
+    (["train", "model.vocab_size=100"], "model.vocab_size=100 is too small for the byte corpus data.source=stdlib"),
+    (["train", "model.d_model=0"], "model.d_model=0 is not valid; it must be >= 1"),
+    (["train", "train.global_batch=8", "train.grad_accum=2"], "= 4 rows per microbatch must be divisible by the data-parallel size"),
+    (["train", "mesh.data=0"], "mesh.data=0 is not valid; it must be >= 1, or -1 to fill the devices the other axis leaves"),
+    (["train", "mesh.replica=-2"], "mesh.replica=-2 is not valid; it must be >= 1, or -1"),
+    (["train", "mesh.cpu_devices=0"], "mesh.cpu_devices=0 is not valid; it must be >= 1"),
+    (["train", "zero.min_shard_size=-1"], "zero.min_shard_size=-1 is not valid; it must be >= 0"),
+    (["train", "zero.prefetch=-1"], "zero.prefetch=-1 is not valid; it must be >= 0"),
+    (["train", "train.steps=0"], "train.steps=0 is not valid; it must be >= 1"),
+    (["train", "train.keep=0"], "train.keep=0 is not valid; it must be >= 1"),
+    (["train", "name="], "name='' is not valid; give the run a name"),
+    # numbers: YAML and the command line accept nan and inf as floats
+    (["train", "optim.lr=nan"], "optim.lr=nan is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lr=inf"], "optim.lr=inf is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lr=-1"], "optim.lr=-1.0 is not valid; it must be a finite number >= 0"),
+    (["train", "optim.b1=1"], "optim.b1=1.0 must be in [0, 1)"),
+    (["train", "optim.b2=nan"], "optim.b2=nan must be in [0, 1)"),
+    (["train", "optim.eps=0"], "optim.eps=0.0 is not valid; it must be a finite number > 0"),
+    (["train", "optim.eps=nan"], "optim.eps=nan is not valid"),
+    (["train", "optim.weight_decay=inf"], "optim.weight_decay=inf is not valid; it must be a finite number >= 0"),
+    (["train", "optim.clip_norm=nan"], "optim.clip_norm=nan is not valid; it must be a finite number >= 0"),
+    (["train", "optim.lora.alpha=inf"], "optim.lora.alpha=inf is not valid; it must be a finite number > 0"),
+    (["train", "optim.lora.rank=-1"], "optim.lora.rank=-1 is not valid; it must be >= 0"),
+    (["train", "model.rope_theta=nan"], "model.rope_theta=nan is not valid; it must be a finite number > 0"),
+    (["train", "model.norm_eps=inf"], "model.norm_eps=inf is not valid"),
+    (["train", "data.val_fraction=nan"], "data.val_fraction=nan must be between 0 and 1"),
+    (["train", "precision.loss_scale=inf"], "precision.loss_scale=inf must be 'dynamic', 'none' or a static scale > 0"),
+    (["train", "precision.loss_scale=nan"], "precision.loss_scale=nan must be 'dynamic', 'none' or a static scale > 0"),
+    (["train", "precision.loss_scale=1e39"], "that float32 holds (<= 3.4e+38)"),
+    (["train", "precision.min_loss_scale=0"], "precision.min_loss_scale=0.0 is not valid; it must be a finite number > 0"),
+    (["train", "precision.initial_scale_power=200"], "2**200 overflows float32; choose a power <= 127"),
+    (["train", "precision.initial_scale_power=-5"], "starts the dynamic scale at 2**-5, below precision.min_loss_scale=1.0"),
+    (["memory", "--params", "nan", "--devices", "8"], "argument --params: 'nan' must be a finite number > 0"),
+    (["memory", "--params", "1e9", "--devices", "8", "--k", "inf"], "--k inf must be a finite number >= 0"),
+    (["memory", "--params", "1e9", "--devices", "8", "--frozen-bytes", "nan"], "--frozen-bytes nan must be a finite number > 0"),
+    (["analyze", "--budget-gb", "nan"], "argument --budget-gb: 'nan' must be a finite number > 0"),
+    (["export", "run", "--out", "x.safetensors", "--max-shard-size", "inf"], "'inf' must be a finite number > 0"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
 def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(args + ["train.steps=1"] if args[0] != "fly" and "--config" not in args and "--stages" not in args else args) == 2
+    assert cli.main(args[:1] + ["train.steps=1"] + args[1:] if args[0] == "train" else args) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
     assert message in err
     assert list(tmp_path.iterdir()) == []
+
+
+# Bad files: each case writes its inputs under the test's directory (`{tmp}` in the arguments),
+# then the command must exit 2 with one line and leave every file there as it was.
+
+def inputs(files: dict | None = None):
+    """Files to write: path -> bytes, text, a numpy array (.npy), a JSON value (config.json), or
+    None for an empty directory."""
+    def make(tmp, saved_run):
+        for name, content in (files or {}).items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if content is None:
+                path.mkdir()
+            elif isinstance(content, np.ndarray):
+                np.save(path, content)
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            elif isinstance(content, str):
+                path.write_text(content)
+            else:
+                path.write_text(json.dumps(content))
+    return make
+
+
+def a_run(change=lambda run: None):
+    """The saved run (one checkpoint, at step 3) copied to {tmp}/run, then changed."""
+    def make(tmp, saved_run):
+        shutil.copytree(saved_run(), tmp / "run")
+        change(tmp / "run")
+    return make
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A run directory of TINY's model with a checkpoint at step 3 of its initial state (saved
+    without compiling a train step) and its metrics."""
+    from conftest import TINY
+    from zerojax import checkpoint, config, mesh
+    from zerojax import step as step_lib
+
+    out = tmp_path_factory.mktemp("saved") / "run"
+    cfg = config.load(overrides=TINY + [f"train.out_dir={out}"])
+    step = step_lib.make_step(cfg, mesh.make_mesh(cfg.mesh))
+    mgr = checkpoint.manager(out, keep=1)
+    checkpoint.save(mgr, step.plan, step.mesh, step_lib.init_state(step), 3, config.to_dict(cfg))
+    mgr.wait_until_finished()
+    mgr.close()
+    config.dump(cfg, out / "config.yaml")
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0}) + "\n" for i in (1, 2, 3)))
+    return out
+
+
+HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "intermediate_size": 64, "rms_norm_eps": 1e-6}  # TINY's shape
+TEXT = "".join(f"line {i} of a small corpus\n" for i in range(200))  # 5 KB of bytes
+
+
+BAD_FILES = [
+    # data.source and data.tokenizer
+    (inputs({"e/empty.txt": ""}), ["train", "data.source={tmp}/e/empty.txt"], "the training split has 0 tokens, fewer than model.seq_len+2=18"),
+    (inputs(), ["train", "model.seq_len=8192"], "tokens, fewer than model.seq_len+2=8194; use a bigger corpus or a shorter model.seq_len"),
+    (inputs({"odd.bin": b"\x01\x00\x02"}), ["train", "data.source={tmp}/odd.bin"], "data.source='{tmp}/odd.bin' has 3 bytes, an odd number: a .bin holds raw uint16 tokens"),
+    (inputs({"empty.bin": b""}), ["train", "data.source={tmp}/empty.bin"], "the training split has 0 tokens"),
+    (inputs({"f.npy": np.ones(5000, np.float32)}), ["train", "data.source={tmp}/f.npy"], "must hold a 1-D integer token array, got float32[5000]"),
+    (inputs({"t.npy": np.zeros((100, 100), np.uint16)}), ["train", "data.source={tmp}/t.npy"], "must hold a 1-D integer token array, got uint16[100, 100]"),
+    (inputs({"n.npy": np.arange(5000, dtype=np.int32) % 200 - 5}), ["train", "data.source={tmp}/n.npy"], "holds negative token ids (down to -5); token ids count from 0"),
+    (inputs({"g.npy": b"not numpy" * 20}), ["train", "data.source={tmp}/g.npy"], "data.source='{tmp}/g.npy' is not a .npy array numpy can map"),
+    (inputs({"ids.npy": np.arange(5000, dtype=np.uint16) % 1000}), ["train", "data.source={tmp}/ids.npy"], "model.vocab_size=256 is smaller than the corpus needs (1000 from data.source="),
+    (inputs({"d.txt": None}), ["train", "data.source={tmp}/d.txt"], "data.source='{tmp}/d.txt': a directory, not a file"),
+    (inputs({"tok": None}), ["train", "data.tokenizer={tmp}/tok"], "data.tokenizer='{tmp}/tok': no such tokenizer.json"),
+    (inputs({"tok.json": "{not json"}), ["train", "data.tokenizer={tmp}/tok.json"], "tok.json is not a tokenizer.json"),
+    # model.init_from and optim.lora.init_from
+    (inputs({"w.safetensors": "plain text, not weights"}), ["train", "model.init_from={tmp}/w.safetensors"], "w.safetensors is not a readable safetensors file (ValueError: its first 8 bytes give a header of"),
+    (inputs({"hf": None}), ["train", "model.init_from={tmp}/hf"], "model.init_from='{tmp}/hf' is a directory without config.json"),
+    (inputs({"hf/config.json": [1, 2]}), ["train", "model.init_from={tmp}/hf"], "hf/config.json holds a JSON list, not a Hugging Face config"),
+    (inputs({"hf/config.json": {**HF, "architectures": "LlamaForCausalLM"}}), ["train", "model.init_from={tmp}/hf"], "architectures='LlamaForCausalLM' is not a list of model classes"),
+    (inputs({"hf/config.json": {"architectures": ["GPT2LMHeadModel"], "n_embd": 32}}), ["train", "model.init_from={tmp}/hf"], "hf/config.json has no vocab_size, n_layer, n_head, layer_norm_epsilon, n_positions"),
+    (inputs({"hf/config.json": {**HF, "num_attention_heads": 0}}), ["train", "model.init_from={tmp}/hf"], "hf/config.json: model.n_heads=0 is not valid; it must be >= 1"),
+    (inputs({"hf/config.json": HF}), ["train", "model.init_from={tmp}/hf"], "has no model.safetensors nor model.safetensors.index.json"),
+    (inputs({"peft/adapter_config.json": [1], "peft/adapter_model.safetensors": b""}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "adapter_config.json holds a JSON list, not a PEFT config"),
+    (inputs({"peft": "x"}), ["train", "optim.lora.rank=4", "optim.lora.init_from={tmp}/peft"], "not a PEFT adapter directory"),
+    # the YAML config
+    (inputs({"c.yaml": "- model\n- train\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml: expected a mapping of config sections, got list"),
+    (inputs({"c.yaml": "model: 5\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml: section 'model' must be a mapping of keys"),
+    (inputs({"c.yaml": b"name: caf\xe9\n"}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is not UTF-8 text"),
+    (inputs({"c.yaml": None}), ["train", "--config", "{tmp}/c.yaml"], "c.yaml' is a directory, not a YAML file"),
+    (inputs({"c.yaml": "name: ''\n"}), ["train", "--config", "{tmp}/c.yaml"], "name='' is not valid"),
+    # train.out_dir and the run directory
+    (inputs({"afile": "x"}), ["train", "train.out_dir={tmp}/afile"], "train.out_dir='{tmp}/afile': {tmp}/afile is a file, not a directory"),
+    (inputs({"afile": "x"}), ["train", "train.out_dir={tmp}/afile/run"], "{tmp}/afile is a file, not a directory"),
+    (inputs({"run/checkpoints": "x"}), ["train", "train.ckpt_every=1"], "{tmp}/run/checkpoints is a file; the run keeps its checkpoints in that directory"),
+    (inputs({"run/metrics.jsonl": None}), ["train"], "{tmp}/run/metrics.jsonl is a directory; the run writes its metrics.jsonl there"),
+    (a_run(), ["train", "model.d_model=64"], "checkpoints/3 holds a different model than the config asks for: blocks/attn/out/bias is [2, 32] there, [2, 64] in the config's model"),
+    (a_run(), ["train", "model.family=llama"], "holds a different model than the config asks for: blocks/attn/out/bias is [2, 32] there, not in the config's model"),
+    (a_run(), ["train", "optim.lora.rank=4"], "holds a different model than the config asks for: it has no blocks/attn/out/lora_a, [2, 32, 4] in the config's model"),
+    (a_run(), ["train", "optim.freeze=embed"], "checkpoints/3 trained embed/wpe, which the config freezes (the saved run had optim.freeze=[]"),
+    (a_run(), ["train", "train.steps=2"], "has a checkpoint at step 3, past train.steps=2"),
+    (a_run(), ["train", "train.resume=never"], "train.resume=never but {tmp}/run already holds a run"),
+    (a_run(lambda run: (run / "metrics.jsonl").write_text('{"step": 1}\ngarbage\n')), ["train"], "run/metrics.jsonl, line 2: 'garbage' is not a metrics line"),
+    (a_run(lambda run: shutil.rmtree(run / "checkpoints" / "3" / "state")), ["train"], "checkpoints/3 cannot be restored"),
+    # zerojax export
+    (inputs(), ["export", "{tmp}/nowhere", "--out", "{tmp}/x.safetensors"], "{tmp}/nowhere holds no checkpoints/ directory"),
+    (a_run(), ["export", "{tmp}/run", "--out", "{tmp}/x.safetensors", "--step", "7"], "run/checkpoints has no step 7 (complete steps: [3])"),
+    (a_run(lambda run: (run.parent / "x.safetensors").write_text("keep")), ["export", "{tmp}/run", "--out", "{tmp}/x.safetensors"], "--out '{tmp}/x.safetensors' already exists; give a new path"),
+    (a_run(lambda run: (run.parent / "hf").mkdir()), ["export", "{tmp}/run", "--format", "hf", "--out", "{tmp}/hf"], "--out '{tmp}/hf' already exists"),
+    (a_run(lambda run: (run.parent / "afile").write_text("x")), ["export", "{tmp}/run", "--out", "{tmp}/afile/x.safetensors"], "{tmp}/afile is a file, not a directory"),
+    # zerojax tokenizer train
+    (inputs(), ["tokenizer", "train", "{tmp}/missing.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "SOURCE='{tmp}/missing.txt': no such file"),
+    (inputs({"empty.txt": ""}), ["tokenizer", "train", "{tmp}/empty.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "SOURCE '{tmp}/empty.txt' is empty"),
+    (inputs({"tok": "x"}), ["tokenizer", "train", "{tmp}/text.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "--out '{tmp}/tok': {tmp}/tok already exists and is not a directory"),
+    (inputs({"tok/tokenizer.json": "{}"}), ["tokenizer", "train", "{tmp}/text.txt", "--vocab-size", "300", "--out", "{tmp}/tok"], "{tmp}/tok/tokenizer.json already exists; give a new directory"),
+]
+
+
+@pytest.mark.parametrize("make, args, message", BAD_FILES, ids=[" ".join(a).replace("{tmp}/", "") for _, a, _ in BAD_FILES])
+def test_each_bad_file_exits_2_with_one_line_and_leaves_the_disk_alone(make, args, message, tmp_path, request, capsys):
+    from conftest import TINY
+
+    (tmp_path / "text.txt").write_text(TEXT)
+    make(tmp_path, lambda: request.getfixturevalue("saved_run"))
+    before = snapshot(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args]
+    if args[0] == "train":  # small and fast: the TINY model on the text, writing to {tmp}/run
+        args = args[:1] + TINY + [f"data.source={tmp_path / 'text.txt'}", f"train.out_dir={tmp_path / 'run'}"] + args[1:]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+    assert message.format(tmp=tmp_path) in err, err
+    assert snapshot(tmp_path) == before
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and directory under `root`, with its size and modification time."""
+    return {str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
 @pytest.mark.parametrize("args", [

@@ -81,6 +81,13 @@ def test_bad_yaml(tmp_path):
         config.load(path)
 
 
+def test_a_section_whose_keys_are_all_commented_out_is_empty(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("model:\n  # d_model: 64\ntrain:\n  steps: 7\n")
+    cfg = config.load(path)
+    assert cfg.model == config.ModelConfig() and cfg.train.steps == 7
+
+
 def test_dump_round_trips(tmp_path):
     cfg = config.load(overrides=["optim.freeze=head", "precision.loss_scale=64", "name=x"])
     config.dump(cfg, tmp_path / "config.yaml")

@@ -28,8 +28,10 @@ import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
 import zerojax
-from zerojax.config import ConfigError
+from zerojax.config import ConfigError, file_in_the_way
 from zerojax import sharding as sharding_lib
+from zerojax.lora import is_adapter
+from zerojax.optim import is_frozen
 
 
 def manager(run_dir: Path, keep: int, create: bool = True, writer: bool = True) -> ocp.CheckpointManager:
@@ -96,16 +98,43 @@ def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
     return meta
 
 
+def check_matches(run_dir: Path, step: int, plan: sharding_lib.Plan) -> None:
+    """Checkpoint `step` of `run_dir` can be restored into `plan`, judged from its metadata."""
+    reader = manager(run_dir, keep=1, create=False, writer=False)
+    try:
+        meta = read_metadata(reader, step)
+    finally:
+        reader.close()
+    _check_meta(meta, plan, Path(run_dir) / "checkpoints" / str(step))
+
+
+def _check_meta(meta: dict, plan: sharding_lib.Plan, where: Path) -> None:
+    """The checkpoint holds the plan's parameters, in their true shapes, and trained the same
+    ones (the optimizer state it holds covers only those)."""
+    fix = "use the saved run's settings (its config.yaml) or a new train.out_dir"
+    saved = {path: list(shape) for path, shape in meta["param_shapes"].items()}
+    want = param_shapes(plan)
+    for path in sorted(saved.keys() | want.keys()):
+        if saved.get(path) != want.get(path):
+            there = f"{path} is {saved[path]} there" if path in saved else f"it has no {path}"
+            here = f"{want[path]} in the config's model" if path in want else "not in the config's model"
+            raise ConfigError(f"checkpoint {where} holds a different model than the config asks for: {there}, "
+                              f"{here}; {fix}")
+    optim = meta.get("config", {}).get("optim", {})
+    freeze, lora = tuple(optim.get("freeze", ())), bool(optim.get("lora", {}).get("rank", 0))
+    for leaf in jax.tree.leaves(plan.leaves):
+        was_frozen = is_frozen(leaf.path, freeze) or (lora and not is_adapter(leaf.path))
+        if was_frozen != leaf.frozen:
+            did, does = ("froze", "trains") if was_frozen else ("trained", "freezes")
+            raise ConfigError(f"checkpoint {where} {did} {leaf.path}, which the config {does} (the saved run had "
+                              f"optim.freeze={list(freeze)}, optim.lora.rank {'> 0' if lora else '= 0'}): it holds "
+                              f"optimizer state for the parameters it trained only; {fix}")
+
+
 def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int, abstract_state, shardings):
     """Checkpoint `step` read straight into `plan` on `mesh` (any mesh, stage or schedule), as a
     state like `abstract_state` (a TrainState) laid out by `shardings`."""
-    meta = read_metadata(mgr, step)
-    want = param_shapes(plan)
-    if meta["param_shapes"] != want:
-        diff = sorted(set((k, tuple(v)) for k, v in meta["param_shapes"].items()) ^
-                      set((k, tuple(v)) for k, v in want.items()))[:2]
-        raise ConfigError(f"checkpoint {Path(mgr.directory) / str(step)} holds a different model than the config "
-                          f"asks for (e.g. {diff}); use the saved run's model settings or a new train.out_dir")
+    _check_meta(read_metadata(mgr, step), plan, Path(mgr.directory) / str(step))
     _, saved_layout, abstract = saved_state(plan, mesh, abstract_state)
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, saved_layout)
     try:
@@ -187,10 +216,14 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete."""
     from zerojax import hf
-    from zerojax.lora import is_adapter
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new path (export never overwrites)")
+    in_the_way = file_in_the_way(out.parent)
+    if in_the_way:
+        raise ConfigError(f"--out {str(out)!r}: {in_the_way} is a file, not a directory")
     mgr, step, meta = _open_run(run_dir, step)
     shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
     saved = dict(shapes)
@@ -214,6 +247,7 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     elif fmt == "safetensors":
         tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")
+        out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
         hf.fill(hf.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
         tmp.replace(out)  # the file appears only once complete
         written, count = out.stat().st_size, len(tensors)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -103,8 +104,8 @@ def parse_count(text: str) -> float:
         value = float(text[:-1] if scale != 1 else text) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count; use e.g. 7.5e9, 124M or 3B") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    if not 0 < value < math.inf:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
     return value
 
 
@@ -187,8 +188,8 @@ def cmd_memory(args) -> int:
         raise UsageError("KEY=VALUE overrides need --config")
     if (params is None) == (args.config is None):
         raise UsageError("give exactly one of --params P or --config PATH")
-    if args.k < 0:
-        raise UsageError(f"--k {args.k} must be >= 0 (Adam with fp32 master: 12)")
+    if not 0 <= args.k < math.inf:
+        raise UsageError(f"--k {args.k} must be a finite number >= 0 (Adam with fp32 master: 12)")
     trained, frozen_bytes = args.trainable, args.frozen_bytes
     if args.config is not None:
         cfg = config.load(args.config, args.overrides)
@@ -199,8 +200,8 @@ def cmd_memory(args) -> int:
         raise UsageError("give --devices N (the devices on the data axis)")
     if trained is not None and not 0 < trained <= params:
         raise UsageError(f"--trainable {trained:g} must be in (0, --params {params:g}]")
-    if frozen_bytes <= 0:
-        raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be > 0")
+    if not 0 < frozen_bytes < math.inf:
+        raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be a finite number > 0")
     params = int(params) if float(params).is_integer() else params
     doc = accounting.memory_report(params, devices, args.k, trained, frozen_bytes)
     report.emit(doc, args.json, report.memory_table)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+FLOAT32_MAX = 3.4028234663852886e38  # loss scales are float32 scalars in the train state
 
 
 def _choice(key: str, value: Any, valid: tuple) -> None:
@@ -38,8 +40,17 @@ def _choice(key: str, value: Any, valid: tuple) -> None:
 
 
 def _at_least(key: str, value: float, low: float) -> None:
-    if value < low:
+    if not value >= low:  # written so that NaN fails too
         raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}")
+
+
+def _finite(key: str, value: float, low: float, *, above: bool = False, high: float = math.inf) -> None:
+    """A float key: finite (YAML and the command line both accept nan and inf), >= low (> low
+    with `above`) and <= high."""
+    if not (math.isfinite(value) and (value > low if above else value >= low) and value <= high):
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        raise ConfigError(f"{key}={value!r} is not valid; it must be a finite number {bound}"
+                          + (f" and <= {high:g}" if high < math.inf else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +77,7 @@ class ModelConfig:
             _at_least(f"model.{key}", getattr(self, key), 1)
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
         for key in ("rope_theta", "norm_eps"):
-            if not 0 < getattr(self, key) < float("inf"):
-                raise ConfigError(f"model.{key}={getattr(self, key)} must be a finite number > 0")
+            _finite(f"model.{key}", getattr(self, key), 0, above=True)
         _choice("model.remat", self.remat, ("none", "full", "dots"))
         if self.d_model % self.n_heads:
             raise ConfigError(
@@ -77,6 +87,15 @@ class ModelConfig:
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
                               f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
+        if self.family == "gpt" and self.n_kv_heads not in (0, self.n_heads):
+            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads}: grouped-query attention is llama's; gpt has one "
+                              "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")
+        if self.family == "llama" and (self.d_model // self.n_heads) % 2:
+            even = [h for h in range(self.n_heads, 0, -1) if self.d_model % h == 0 and self.d_model // h % 2 == 0]
+            fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
+            raise ConfigError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = "
+                              f"{self.d_model // self.n_heads}: llama's rotary embedding needs an even head "
+                              f"dimension; {fix}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +126,10 @@ class MeshConfig:
     timeout_s: int = 300  # joining the other processes, and noticing one has died
 
     def __post_init__(self):
-        if self.data != -1:
-            _at_least("mesh.data", self.data, 1)
-        if self.replica != -1:
-            _at_least("mesh.replica", self.replica, 1)
+        for key in ("data", "replica"):
+            if getattr(self, key) != -1 and not getattr(self, key) >= 1:
+                raise ConfigError(f"mesh.{key}={getattr(self, key)} is not valid; it must be >= 1, or -1 to fill "
+                                  "the devices the other axis leaves")
         _at_least("mesh.cpu_devices", self.cpu_devices, 1)
         _choice("mesh.distributed", self.distributed, ("auto", "off"))
         _at_least("mesh.timeout_s", self.timeout_s, 1)
@@ -155,8 +174,17 @@ class PrecisionConfig:
         _choice("precision.frozen", self.frozen, DTYPES)
         if isinstance(self.loss_scale, str):
             _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
-        elif not self.loss_scale > 0:
-            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be > 0, 'dynamic' or 'none'")
+        elif not 0 < self.loss_scale <= FLOAT32_MAX:  # NaN and inf fail too
+            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be 'dynamic', 'none' or a static scale "
+                              f"> 0 that float32 holds (<= {FLOAT32_MAX:.3g})")
+        _finite("precision.min_loss_scale", self.min_loss_scale, 0, above=True, high=FLOAT32_MAX)
+        power = self.initial_scale_power  # the dynamic scale starts at 2**power, a float32
+        if power > 127:
+            raise ConfigError(f"precision.initial_scale_power={power}: 2**{power} overflows float32; "
+                              "choose a power <= 127 (DeepSpeed's default: 16)")
+        if 2.0**power < self.min_loss_scale:  # (2.0**-2000 is 0.0 in Python, not an error)
+            raise ConfigError(f"precision.initial_scale_power={power} starts the dynamic scale at 2**{power}, below "
+                              f"precision.min_loss_scale={self.min_loss_scale}; raise the power or lower the minimum")
         _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
         _at_least("precision.hysteresis", self.hysteresis, 1)
         _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
@@ -171,8 +199,7 @@ class LoraConfig:
 
     def __post_init__(self):
         _at_least("optim.lora.rank", self.rank, 0)
-        if not self.alpha > 0:
-            raise ConfigError(f"optim.lora.alpha={self.alpha!r} is not valid; it must be > 0")
+        _finite("optim.lora.alpha", self.alpha, 0, above=True)
         if self.rank and not self.targets:
             raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
 
@@ -191,13 +218,15 @@ class OptimConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
 
     def __post_init__(self):
-        _at_least("optim.lr", self.lr, 0.0)
+        _finite("optim.lr", self.lr, 0)
         for key in ("b1", "b2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
-        _at_least("optim.eps", self.eps, 0.0)
-        _at_least("optim.weight_decay", self.weight_decay, 0.0)
-        _at_least("optim.clip_norm", self.clip_norm, 0.0)
+        # eps > 0: Adam divides by sqrt(v) + eps, and v is 0 for a parameter with no gradient yet
+        # (the embedding row of a token not yet seen): eps = 0 would make it 0/0 = NaN.
+        _finite("optim.eps", self.eps, 0, above=True)
+        _finite("optim.weight_decay", self.weight_decay, 0)
+        _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
         _choice("optim.schedule", self.schedule, ("cosine", "constant"))
 
@@ -245,6 +274,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
+        if not self.name:
+            raise ConfigError("name='' is not valid; give the run a name (its default run directory is runs/<name>)")
         byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
         if byte_corpus and self.model.vocab_size < 256:
             raise ConfigError(
@@ -262,6 +293,15 @@ SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "nam
 
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, at_most + 1) if n % d == 0)
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The existing file (not a directory) at `path` or above it, which stops a directory from
+    being created there; None if the directory exists or can be made."""
+    for where in (path, *path.absolute().parents):
+        if where.exists():
+            return None if where.is_dir() else where
+    return None
 
 
 def _section_class(name: str) -> type:
@@ -401,6 +441,8 @@ def _flatten_yaml(doc: Any, path: Path) -> dict[str, Any]:
             flat["name"] = body
         elif isinstance(body, dict):
             flat.update(_flatten(str(section), body))
+        elif body is None and section in SECTIONS:  # a section whose keys are all commented out
+            continue
         elif section in SECTIONS:
             raise ConfigError(f"{path}: section '{section}' must be a mapping of keys")
         else:
@@ -434,11 +476,15 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            problem = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {str(path)!r} {problem}")
         try:
-            doc = yaml.safe_load(path.read_text())
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        except UnicodeDecodeError as err:
+            problem = f"is not UTF-8 text ({err.reason} at byte {err.start})"
+            raise ConfigError(f"config file {str(path)!r} {problem}") from None
         tree["name"] = path.stem
         for key, value in _flatten_yaml(doc, path).items():
             _set(tree, key, value)
@@ -474,15 +520,19 @@ def hf_model_keys(directory: str) -> dict:
         hf = json.loads(where.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{where} is not valid JSON ({err})") from None
-    arch = (hf.get("architectures") or ["?"])[0]
-    if arch not in HF_ARCHITECTURES:
-        raise ConfigError(f"{where}: architecture {arch!r} is not supported; zerojax reads "
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{where} holds a JSON {type(hf).__name__}, not a Hugging Face config (a JSON object)")
+    archs = hf.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, e.g. ['LlamaForCausalLM']")
+    if archs[0] not in HF_ARCHITECTURES:
+        raise ConfigError(f"{where}: architecture {archs[0]!r} is not supported; zerojax reads "
                           f"{', '.join(HF_ARCHITECTURES)}")
-    family, keys = HF_ARCHITECTURES[arch]
+    family, keys = HF_ARCHITECTURES[archs[0]]
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 keeps rope_theta in here
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"{where}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
-                          f"by zerojax's {family}")
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+        raise ConfigError(f"{where}: rope scaling {kind!r} is not supported by zerojax's {family}")
     hf.setdefault("rope_theta", rope.get("rope_theta", HF_DEFAULTS["rope_theta"]))
     for unsupported in ("sliding_window", "attention_bias", "mlp_bias"):
         if hf.get(unsupported) not in (None, False):
@@ -490,15 +540,25 @@ def hf_model_keys(directory: str) -> dict:
     if family == "gpt" and (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")
                             or hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn")):
         raise ConfigError(f"{where}: only GPT-2's own attention and gelu_new (tanh) MLP are supported")
-    if family == "llama" and hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
-        raise ConfigError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads")
+    needed = [hf_key for key, hf_key in keys.items() if key not in HF_DEFAULTS and (family, key) != ("gpt", "d_ff")]
+    missing = [hf_key for hf_key in needed + (["n_positions"] if family == "gpt" else []) if hf.get(hf_key) is None]
+    if missing:
+        raise ConfigError(f"{where} has no {', '.join(missing)}; zerojax needs {'it' if len(missing) == 1 else 'them'} "
+                          f"to build the {family} model")
     out = {"family": family}
     for key, hf_key in keys.items():
         value = hf.get(hf_key, HF_DEFAULTS.get(key))
         out[key] = 4 * hf["n_embd"] if key == "d_ff" and value is None else value
     if family == "gpt":
         out["seq_len"] = hf["n_positions"]
-    return {k: coerce(f"model.{k}", v, _field_type(ModelConfig, k)) for k, v in out.items()}
+    try:  # the values must make a model: the same checks as the keys given in YAML
+        out = {k: coerce(f"model.{k}", v, _field_type(ModelConfig, k)) for k, v in out.items()}
+        model = ModelConfig(**out)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if family == "llama" and hf.get("head_dim") not in (None, model.d_model // model.n_heads):
+        raise ConfigError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads")
+    return out
 
 
 def _from_hugging_face(tree: dict) -> None:

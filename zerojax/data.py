@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.config import ConfigError
+from zerojax.config import ConfigError, file_in_the_way
 
 TRAIN, EVAL = 0, 1  # generator streams
 
@@ -44,14 +44,19 @@ def stdlib_files() -> list[Path]:
     return files
 
 
-def text_pieces(source: str) -> list[bytes]:
+def source_file(source: str, key: str = "data.source") -> Path:
+    """The file a source names (ConfigError naming `key` if there is none)."""
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"{key}={source!r}: " + ("a directory, not a file" if path.is_dir() else "no such file"))
+    return path
+
+
+def text_pieces(source: str, key: str = "data.source") -> list[bytes]:
     """A text source as pieces (the stdlib's files; a .txt file's blocks of lines)."""
     if source == "stdlib":
         return [f.read_bytes() for f in stdlib_files()]
-    path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"data.source={source!r}: no such file")
-    lines = path.read_bytes().splitlines(keepends=True)
+    lines = source_file(source, key).read_bytes().splitlines(keepends=True)
     return [b"".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
 
 
@@ -61,13 +66,29 @@ def read_tokens(source: str, tokenizer: str = "") -> tuple[np.ndarray, int]:
         return tokenized(source, tokenizer)
     if source == "stdlib" or Path(source).suffix == ".txt":
         return np.frombuffer(b"".join(text_pieces(source)), np.uint8), 256
-    path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"data.source={source!r}: no such file")
-    tokens = np.memmap(path, np.uint16, mode="r") if path.suffix == ".bin" else np.load(path, mmap_mode="r")
+    path = source_file(source)
+    tokens = token_array(path, source)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ConfigError(f"data.source={source!r} must hold a 1-D integer token array, got {tokens.dtype}{list(tokens.shape)}")
+    if np.issubdtype(tokens.dtype, np.signedinteger) and tokens.size and tokens.min() < 0:
+        raise ConfigError(f"data.source={source!r} holds negative token ids (down to {tokens.min()}); "
+                          "token ids count from 0")
     return tokens, int(tokens.max()) + 1 if tokens.size else 0
+
+
+def token_array(path: Path, source: str) -> np.ndarray:
+    """A .bin (raw uint16, nanoGPT's format) or .npy token file, memory-mapped."""
+    if path.suffix == ".bin":
+        size = path.stat().st_size
+        if size % 2:
+            raise ConfigError(f"data.source={source!r} has {size:,} bytes, an odd number: a .bin holds raw "
+                              "uint16 tokens (2 bytes each); is it a .bin of another dtype, or cut short?")
+        return np.memmap(path, np.uint16, mode="r") if size else np.zeros(0, np.uint16)  # mmap refuses 0 bytes
+    try:
+        return np.load(path, mmap_mode="r")  # never pickles
+    except (ValueError, OSError, EOFError) as err:
+        raise ConfigError(f"data.source={source!r} is not a .npy array numpy can map "
+                          f"({str(err).splitlines()[0][:120]})") from None
 
 
 def tokenizer_file(tokenizer: str) -> Path:
@@ -119,12 +140,19 @@ def train_tokenizer(source: str, vocab_size: int, out: Path) -> Path:
 
     if vocab_size < 257:
         raise ConfigError(f"--vocab-size {vocab_size} must be > 256 (the 256 bytes, plus merges)")
+    in_the_way = file_in_the_way(out)
+    if in_the_way or (out / "tokenizer.json").exists():
+        raise ConfigError(f"--out {str(out)!r}: {in_the_way or out / 'tokenizer.json'} already exists"
+                          f"{' and is not a directory' if in_the_way else ''}; give a new directory")
+    pieces = text_pieces(source, "SOURCE")
+    if not any(pieces):
+        raise ConfigError(f"SOURCE {source!r} is empty: there is no text to learn merges from")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator((p.decode("utf-8", "replace") for p in text_pieces(source)), trainer)
+    tok.train_from_iterator((p.decode("utf-8", "replace") for p in pieces), trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     return out / "tokenizer.json"

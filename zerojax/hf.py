@@ -93,8 +93,11 @@ class SafetensorsFile:
     count as the process's memory): a slice reads only the rows it covers."""
 
     def __init__(self, path: Path):
+        size = path.stat().st_size
         with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
+            (n,) = struct.unpack("<Q", f.read(8))  # (struct.error if the file is shorter than 8 bytes)
+            if n > size - 8:  # any other file's first 8 bytes make a huge length: do not try to read it
+                raise ValueError(f"its first 8 bytes give a header of {n:,} bytes, the file has {size:,}")
             header = json.loads(f.read(n))
         header.pop("__metadata__", None)
         self.path, self.start, self.header = path, 8 + n, header
@@ -104,7 +107,7 @@ class SafetensorsFile:
             begin, end = entry["data_offsets"]
             if end - begin != math.prod(entry["shape"]) * np.dtype(DTYPES[entry["dtype"]]).itemsize:
                 raise ValueError(f"tensor {name}'s byte range does not match its shape")
-        if self.start + max((e["data_offsets"][1] for e in header.values()), default=0) > path.stat().st_size:
+        if self.start + max((e["data_offsets"][1] for e in header.values()), default=0) > size:
             raise ValueError("the file is shorter than its header says (truncated)")
 
     def read(self, name: str, index: tuple) -> np.ndarray:
@@ -357,6 +360,8 @@ def init_adapters(directory: str, plan: sharding_lib.Plan, mesh, family: str, st
         peft = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{config_file} is not valid JSON ({err})") from None
+    if not isinstance(peft, dict):
+        raise ConfigError(f"{config_file} holds a JSON {type(peft).__name__}, not a PEFT config (a JSON object)")
     if peft.get("peft_type", "LORA") != "LORA" or peft.get("use_dora") or peft.get("use_rslora"):
         raise ConfigError(f"{where}: only plain LoRA adapters are supported (not DoRA or rsLoRA)")
     for key, ours in (("r", "rank"), ("lora_alpha", "alpha")):

@@ -53,6 +53,7 @@ class Setup:
 
 
 def prepare(cfg: Config) -> Setup:
+    check_run_dir(cfg)
     step = step_lib.make_step(cfg, mesh_lib.make_mesh(cfg.mesh))
     corpus = data_lib.load_corpus(cfg.data.source, cfg.data.val_fraction, cfg.model.seq_len, cfg.data.tokenizer)
     if corpus.vocab_size > cfg.model.vocab_size:
@@ -70,7 +71,31 @@ def prepare(cfg: Config) -> Setup:
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
-    return Setup(cfg, step, corpus, resume_step(cfg))
+    start = resume_step(cfg)
+    if start:  # checked now, not when the run gets there: its model and trained leaves, its metrics
+        checkpoint.check_matches(cfg.run_dir, start, step.plan)
+        kept_metrics(cfg.run_dir / "metrics.jsonl", start)
+    return Setup(cfg, step, corpus, start)
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "sample.txt")  # what the run writes, besides checkpoints/
+
+
+def check_run_dir(cfg: Config) -> None:
+    """train.out_dir can hold the run: it is a directory (or one can be made there), and where
+    the run's files and checkpoints/ exist already, they are files and a directory."""
+    out = cfg.run_dir
+    in_the_way = config_lib.file_in_the_way(out)
+    if in_the_way:
+        raise ConfigError(f"train.out_dir={str(out)!r}: {in_the_way} is a file, not a directory; "
+                          "give a directory for the run")
+    if (out / "checkpoints").exists() and not (out / "checkpoints").is_dir():
+        raise ConfigError(f"{out / 'checkpoints'} is a file; the run keeps its checkpoints in that directory: "
+                          "move the file, or use another train.out_dir")
+    for name in RUN_FILES:
+        if (out / name).is_dir():
+            raise ConfigError(f"{out / name} is a directory; the run writes its {name} there: "
+                              "move the directory, or use another train.out_dir")
 
 
 def resume_step(cfg: Config) -> int:
@@ -199,12 +224,33 @@ def open_metrics(path, resume_step: int, lead: bool = True):
         with open(os.devnull, "w") as f:
             yield f
         return
-    kept = []
-    if resume_step and path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+    kept = kept_metrics(path, resume_step) if resume_step else []
     path.write_text("".join(line + "\n" for line in kept))
     with path.open("a") as f:
         yield f
+
+
+def kept_metrics(path, resume_step: int) -> list[str]:
+    """The lines of metrics.jsonl up to `resume_step` (later ones belong to the steps that will be
+    run again). A last line without its newline is a write cut short by a kill: dropped."""
+    text = path.read_text() if path.is_file() else ""
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            step = None
+        if not isinstance(step, int):
+            raise ConfigError(f"{path}, line {number}: {line[:60]!r} is not a metrics line (JSON with a step); "
+                              "repair or delete that line to resume")
+        if step <= resume_step:
+            kept.append(line)
+    return kept
 
 
 class StopSignals:
