@@ -149,3 +149,13 @@ def test_the_fine_tuning_recipe_runs(tmp_path):
     assert (cfg.model.family, cfg.model.d_model, cfg.zero.stage, cfg.optim.lr) == ("llama", 32, 3, 2e-5)
     result = train.run(cfg, show_progress=False)
     assert len(result["history"]) == 2 and np.isfinite(result["history"][-1]["loss"])
+
+
+@pytest.mark.parametrize("name, tied", [("llama-gqa", False), ("gpt2", True)])
+def test_an_omitted_tie_word_embeddings_takes_transformers_default(name, tied, tmp_path):
+    d = tmp_path / name
+    d.mkdir()
+    hf_config = json.loads((FIXTURES / name / "config.json").read_text())
+    hf_config.pop("tie_word_embeddings", None)
+    (d / "config.json").write_text(json.dumps(hf_config))
+    assert config.hf_model_keys(str(d))["tie_embeddings"] is tied  # LlamaConfig: False, GPT2Config: True

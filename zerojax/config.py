@@ -506,7 +506,8 @@ HF_ARCHITECTURES = {  # architecture -> (model.family, {model key: config.json k
                                 "tie_embeddings": "tie_word_embeddings"}),
 }
 HF_ARCHITECTURES["MistralForCausalLM"] = HF_ARCHITECTURES["LlamaForCausalLM"]  # same layout (no sliding window)
-HF_DEFAULTS = {"n_kv_heads": 0, "rope_theta": 10000.0, "tie_embeddings": True}  # keys a config.json may omit
+HF_DEFAULTS = {"n_kv_heads": 0, "rope_theta": 10000.0, "tie_embeddings": None}  # keys a config.json may omit
+TIED_BY_DEFAULT = {"llama": False, "gpt": True}  # transformers' LlamaConfig / GPT2Config tie_word_embeddings defaults
 
 
 def hf_model_keys(directory: str) -> dict:
@@ -547,7 +548,7 @@ def hf_model_keys(directory: str) -> dict:
                           f"to build the {family} model")
     out = {"family": family}
     for key, hf_key in keys.items():
-        value = hf.get(hf_key, HF_DEFAULTS.get(key))
+        value = hf.get(hf_key, TIED_BY_DEFAULT[family] if key == "tie_embeddings" else HF_DEFAULTS.get(key))
         out[key] = 4 * hf["n_embd"] if key == "d_ff" and value is None else value
     if family == "gpt":
         out["seq_len"] = hf["n_positions"]
