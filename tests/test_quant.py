@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from conftest import ROOT
 from zerojax import accounting, cli, config, fsdp, quant, train
 from zerojax import data as data_lib
 from zerojax import mesh as mesh_lib
@@ -187,7 +188,28 @@ def test_step_at_the_master_is_the_unquantized_step_at_the_dequantized_weights(g
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad input.
+# Bytes on the wire: DESIGN §2 with b_g = 1 + 4 / quant_block, half of an fp32 gather's.
+
+SHAPE_3M = ["model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.d_ff=1024", "model.seq_len=128",
+            "train.global_batch=32", "precision.compute=bf16", "model.remat=full"]
+
+
+@pytest.mark.parametrize("shape", [[], SHAPE_3M], ids=["default", "3.3M"])
+def test_stage3_int8_bytes_match_the_formula_and_halve_fp32s(shape):
+    def stage3(gather):
+        return accounting.analyze(config.load(overrides=shape + [f"precision.gather={gather}"]), (3,))["stages"]["3"]
+
+    int8, fp32 = stage3("int8"), stage3("float32")
+    assert int8["comm_dtypes"]["all-gather"] == "s8" and fp32["comm_dtypes"]["all-gather"] == "f32"
+    assert int8["gather_bytes_per_element"] == 1 + 4 / 2048
+    assert abs(int8["comm_bytes"] / int8["comm_theory_bytes"] - 1) <= 0.02, int8
+    assert int8["comm_bytes"] <= 0.55 * fp32["comm_bytes"], (int8["comm_bytes"], fp32["comm_bytes"])
+    assert int8["comm"]["reduce-scatter"] == fp32["comm"]["reduce-scatter"]  # precision.reduce: unchanged
+    assert int8["comm_counts"]["all-gather"] == fp32["comm_counts"]["all-gather"]  # one gather per unit and pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input, and the commands that accept a quantized gather.
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -204,3 +226,13 @@ def test_bad_input_exits_2_naming_what_is_supported(overrides, message, capsys):
     assert cli.main(["train", *overrides]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error:") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_memory_and_analyze_accept_a_quantized_gather(capsys):
+    tiny = str(ROOT / "configs" / "tiny.yaml")
+    assert cli.main(["memory", "--config", tiny, "precision.gather=int8", "--devices", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 842_496
+    cfg = config.load(overrides=["precision.gather=int8"])
+    assert accounting.supported_stages(cfg) == (1, 2, 3)  # analyze's default: stage 0 gathers nothing
+    assert cli.main(["analyze", "precision.gather=int8", "--stages", "0", "--json"]) == 2
+    assert "zero.stage 0" in capsys.readouterr().err
