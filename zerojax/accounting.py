@@ -98,7 +98,7 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
     # b_g and b_r as XLA communicates them (the CPU backend moves bf16 as f32), else the policy's.
     b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), step.policy.gather.itemsize)
     if quant.is_quantized(step.policy.gather):  # payload and scales in one byte buffer
-        b_g *= quant.bytes_per_element(step.policy.quant_block)
+        b_g *= quant.bytes_per_element(step.policy.quant_block, step.policy.quant_scale)
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
                           step.policy.reduce.itemsize)
     explicit = z.schedule == "shard_map"
@@ -120,11 +120,12 @@ def quantized_gather(policy, moved: str | None) -> dict:
     if not quant.is_quantized(policy.gather):
         return {}
     name = policy.gather.name
-    note = (f"{name} payload and fp32 scales (one per block of <= {policy.quant_block} elements) travel as one "
+    scale = jnp.dtype(policy.quant_scale).name
+    note = (f"{name} payload and {scale} scales (one per block of <= {policy.quant_block} elements) travel as one "
             f"byte buffer, moved as {moved}")
     if name != "int8":  # the CPU backend's fp8 collectives are f16 (DESIGN §8): say why bytes travel
         note += "; an fp8-typed all-gather would be moved as f16 by XLA's CPU backend (2 bytes per element)"
-    return {"gather_quantized": {"format": name, "quant_block": policy.quant_block, "scale": "float32",
+    return {"gather_quantized": {"format": name, "quant_block": policy.quant_block, "scale": scale,
                                  "moved_as": moved, "note": note}}
 
 
@@ -230,8 +231,9 @@ def regime(cfg, step) -> dict:
     rows = local_rows(cfg, step)
     xs = stack_inputs(cfg, step, rows)
     name = max(step.units.names, key=lambda n: unit_size(step, n))  # the largest unit decides
-    b_g = quant.bytes_per_element(step.policy.quant_block) if quant.is_quantized(step.policy.gather) \
-        else step.policy.gather.itemsize
+    policy = step.policy
+    b_g = (quant.bytes_per_element(policy.quant_block, policy.quant_scale) if quant.is_quantized(policy.gather)
+           else policy.gather.itemsize)
     weight_bytes = round(3 * unit_size(step, name) * b_g)
     x_elements = sum(x.size for x in jax.tree.leaves(xs[name]))
     activation_bytes = 3 * 4 * step.mesh.shape[DATA] * x_elements * step.policy.compute.itemsize

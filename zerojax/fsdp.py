@@ -121,7 +121,7 @@ class UnitLayout:
         """The gathered buffer [N, n], dequantized (`zerojax.quant`: its blocks are cut from this
         device's flat buffer, so they may straddle leaves, as ZeRO++'s do)."""
         flat = self.pack(shards, jnp.float32)
-        return quant.all_gather(flat, DATA, policy.quant_block, policy.gather, policy.compute)
+        return quant.all_gather(flat, DATA, policy.quant_block, policy.gather, policy.compute, policy.quant_scale)
 
     def scatter(self, grads, shards, policy: Policy):
         """The gather's transpose: one psum_scatter of the unit's gradient, in the reduce dtype.

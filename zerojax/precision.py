@@ -24,6 +24,7 @@ class Policy:
     gather: jnp.dtype = jnp.float32
     reduce: jnp.dtype = jnp.float32
     quant_block: int = 2048  # elements per scale of a quantized gather (zero.quant_block)
+    quant_scale: jnp.dtype = jnp.float32  # dtype of those scales (bf16 measured no better: BENCHMARKS.md)
 
 
 def default_compute(platform: str) -> str:

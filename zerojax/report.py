@@ -127,7 +127,7 @@ def analyze_table(doc: dict):
     quantized = next((m for m in doc["stages"].values() if "gather_quantized" in m), None)
     if quantized:
         yield (f"quantized all-gathers: {quantized['gather_quantized']['note']}; DESIGN §2 with "
-               f"b_g = 1 + 4 / block = {quantized['gather_bytes_per_element']:.4f} bytes per element")
+               f"b_g = 1 + scale bytes / block = {quantized['gather_bytes_per_element']:.4f} bytes per element")
     if "3" in doc["stages"] and "transient_estimate" in doc["stages"]["3"]:
         m3 = doc["stages"]["3"]
         est = m3["transient_estimate"]
