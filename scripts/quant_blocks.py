@@ -2,11 +2,12 @@
 
     python scripts/quant_blocks.py [--weights FILE.safetensors] [--blocks 256,2048] [KEY=VALUE ...]
 
-For each format (int8, float8_e4m3fn), `zero.quant_block` and scale dtype (float32, bfloat16):
-the bytes one gathered element costs (b_g = 1 + scale bytes / block), the relative RMS error of
+For int8 at each `zero.quant_block` of `--blocks` with float32 and with bfloat16 scales, and for
+float8_e4m3fn at 2048 with float32 scales: the bytes one gathered element costs (b_g = 1 + scale bytes / block), the relative RMS error of
 the weights as stage 3's forward sees them (`fsdp.gathered_weights`: each unit's per-device flat
 buffer quantized in blocks and dequantized) against the master, and the eval loss of the model
-at those weights next to the master's own. `--weights`: a `zerojax export` of a trained run (default: the initialisation).
+at those weights next to the master's own. `--weights`: a `zerojax export` of a trained run
+(default: the initialisation).
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def quantize(x_n: jax.Array, quant_block: int, dtype, scale_dtype=jnp.float32):
     count, length = blocks(x_n.shape[0], quant_block)
     x_bL = jnp.pad(x_n.astype(jnp.float32), (0, count * length - x_n.shape[0])).reshape(count, length)
     scale_b = (jnp.max(jnp.abs(x_bL), axis=1) / fmt.largest).astype(scale_dtype)
-    # A rounded (bf16) scale may be a little small: clip, so the absmax still fits the format.
+    # An all-zero block (scale 0) is divided by 1; a scale rounded to bf16 may be a little
+    # small, hence the clip: the block's absmax still maps into the format.
     safe = jnp.where(scale_b > 0, scale_b, 1).astype(jnp.float32)[:, None]
     v_bL = jnp.clip(x_bL / safe, -fmt.largest, fmt.largest)
     q_bL = jnp.round(v_bL) if fmt.dtype == jnp.int8 else v_bL
@@ -104,7 +105,8 @@ def all_gather(x_n: jax.Array, axis: str, quant_block: int, dtype, out_dtype, sc
     the gradient with respect to x is fp32."""
     if x_n.shape[0] == 0:  # a unit with nothing sharded: nothing to scale
         return jax.lax.all_gather(x_n.astype(out_dtype), axis)
-    return _all_gather(x_n.astype(jnp.float32), axis, quant_block, jnp.dtype(dtype), jnp.dtype(out_dtype), jnp.dtype(scale_dtype))
+    dtypes = (jnp.dtype(dtype), jnp.dtype(out_dtype), jnp.dtype(scale_dtype))
+    return _all_gather(x_n.astype(jnp.float32), axis, quant_block, *dtypes)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
