@@ -200,7 +200,7 @@ def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
         "activations": saved + work,  # what the blocks keep, plus one block's and the loss's working set
         # in the backward: the unit and its prefetched successors (and, kept from the forward
         # with reshard_after_forward=false, the outer unit)
-        "gathered_units": ((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather,
+        "gathered_units": round(((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather),
         "unit_gradient": 2 * layer * b_reduce,  # the unit's gradient and its flat layout
         # the fp32 gradient shards, alive from the backward until the in-place Adam update
         "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(step.plan.leaves)) // step.plan.data_size,
