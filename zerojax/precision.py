@@ -3,8 +3,8 @@
 fp32 master weights (`param`) are the source of truth; the forward and backward run in
 `compute`; weights travel in `gather` and gradients are reduced in `reduce`. A gather dtype of
 int8 or float8_e4m3fn is a block-quantized gather (`zerojax.quant`, blocks of `quant_block`
-elements), dequantized into `compute` on arrival. Optimizer moments
-and gradient accumulators stay fp32 whatever the policy. fp16's narrow range needs the loss
+elements), dequantized into `compute` on arrival. Optimizer moments and gradient accumulators
+stay fp32 whatever the policy. fp16's narrow range needs the loss
 scaled so that small gradients do not underflow (Micikevicius et al. 2017); bf16 does not.
 """
 
