@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's zerojax, installed or not (the GPU image has it not)
-from zerojax import accounting, config, mesh  # noqa: E402
+from zerojax import accounting, config, mesh, quant  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The library, reached only through these few names: when zerojax's modules move, only this
@@ -78,6 +78,13 @@ def flops_per_token(cfg) -> float:  # the model's own count (GPT, Llama: PaLM's 
     return accounting.model_flops_per_token(cfg)
 
 
+def make_step(cfg):
+    """The Step of a config (mesh, plan, policy, units), nothing compiled."""
+    from zerojax.step import make_step as make
+
+    return make(cfg, mesh.make_mesh(cfg.mesh))
+
+
 def init_state(setup):
     """The real (allocated) train state of a compiled setup."""
     from zerojax.step import init_state as init
@@ -87,6 +94,20 @@ def init_state(setup):
 
 def batch_sharding(setup):
     return mesh.batch_sharding(setup.mesh)
+
+
+def gathered_units(setup) -> list[tuple[int, int]]:
+    """(elements, count) of the units a stage-3 step gathers: the outer unit, each stack's layers."""
+    step = setup.step
+    depth = lambda name: jax.tree.leaves(step.plan.leaves[name])[0].shape[0]
+    return [(accounting.unit_size(step, None), 1)] + [(accounting.unit_size(step, name), depth(name))
+                                                      for name in step.units.names]
+
+
+# zerojax.quant's four steps, as one device runs them for a gather (quantize and encode its
+# shard; decode and dequantize what arrives), and a gather's plain cast to the compute dtype.
+quantize_blocks, encode_blocks = quant.quantize, quant.encode
+decode_blocks, dequantize_blocks, blocks_of = quant.decode, quant.dequantize, quant.blocks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,6 +133,7 @@ class Measurement:
     feature: str | None = None  # a feature that may not have landed yet: skipped (named) if so
     baseline: str | None = None  # its step time is compared with this measurement's
     fit_stage: int | None = None  # instead of throughput: the largest scaling that fits
+    quant_overhead: bool = False  # also time the quantized gathers' own work (no network)
     dry: tuple[str, ...] = ()  # more overrides for the CPU rehearsal
 
 
@@ -128,8 +150,10 @@ PLAN = (
     Measurement("offload_optimizer_master_s3", "gpt-1b, stage 3, zero.offload=optimizer+master", 50,
                 ("zero.stage=3", "zero.offload=optimizer+master"), feature="zero.offload=optimizer+master",
                 baseline=S3),
-    Measurement("gather_int8_s3", "gpt-1b, stage 3, precision.gather=int8: step time vs bf16 gathers", 40,
-                ("zero.stage=3", "precision.gather=int8"), feature="precision.gather=int8", baseline=S3),
+    Measurement("gather_int8_s3", "gpt-1b, stage 3, precision.gather=int8: step time vs bf16 gathers, and the "
+                "quantize + dequantize time of every unit's two gathers per step vs a plain cast (one device "
+                "shards nothing: its step gathers nothing)", 45, ("zero.stage=3", "precision.gather=int8"),
+                baseline=S3, quant_overhead=True),
     Measurement("fit_s3", "largest depth x width scaling of gpt-1b that fits, stage 3 (compile only), "
                 "then one real step of it", 95, ("zero.stage=3",), fit_stage=3),
     Measurement("fit_s0", "the same for stage 0 (on one device, N = 1, stages shard nothing: "
@@ -168,6 +192,8 @@ def measure(m: Measurement, opts) -> dict:
     cfg = load_config(ROOT / m.config, overrides(m, opts.dry_run))
     try:
         row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
+        if m.quant_overhead:
+            row.update(quant_overhead(cfg, row["step_s"], opts))
     except ValueError as err:  # prepare's "not implemented in zerojax yet"
         if m.feature and "not implemented" in str(err):
             return {"status": "skipped", "reason": f"{m.feature}: {err}"}
@@ -184,7 +210,46 @@ def throughput(cfg, opts) -> dict:
     step_s, loss = timed_steps(setup, compiled, init_state(setup), opts.steps, opts.warmup)
     return {"status": "ok", "params": params, "compile_s": compile_s, **rates(setup, params, step_s, opts),
             "loss": loss, "analyze_peak_bytes": peak_bytes(report), **{k: report[k] for k in REPORT_KEYS},
+            "all_gather_dtype": report["comm_dtypes"].get("all-gather"),  # None: nothing gathered (N = 1)
             **device_memory()}
+
+
+def quant_overhead(cfg, step_s: float, opts) -> dict:
+    """What a quantized gather adds to a device's step, the network left out: for every unit,
+    twice (stage 3 gathers each unit in the forward and again in the backward), quantize and
+    encode the unit, then decode and dequantize it into the compute dtype, against casting it
+    to the compute dtype (what an unquantized bf16 gather does to its shard). Each unit is done
+    whole: on one device (N = 1) exactly the step's work, on N devices the dequantize exactly
+    and the quantize N times over (each device quantizes only its 1/N). On one device the step
+    itself gathers nothing (nothing is sharded), so this is the overhead to read there."""
+    setup = Setup(cfg, make_step(cfg))
+    policy, units = setup.step.policy, gathered_units(setup)
+
+    def roundtrip(x_n):
+        count, length = blocks_of(x_n.shape[0], policy.quant_block)
+        sent = encode_blocks(*quantize_blocks(x_n, policy.quant_block, policy.gather))
+        return dequantize_blocks(*decode_blocks(sent, count, length, policy.gather), x_n.shape[0], policy.compute)
+
+    cast = lambda x_n: x_n.astype(policy.compute)
+    seconds = {"quant_s_per_step": 0.0, "cast_s_per_step": 0.0}
+    for n, count in units:  # a lax.map over a stack's layers writes every layer's result (none is skipped)
+        x = jax.random.normal(jax.random.key(0), (count, n), jnp.float32)
+        for key, fn in (("quant_s_per_step", roundtrip), ("cast_s_per_step", cast)):
+            seconds[key] += 2 * best_time(jax.jit(lambda x, fn=fn: jax.lax.map(fn, x)), x, opts.steps)
+        del x
+    return {**seconds, "gather_format": policy.gather.name, "quant_block": policy.quant_block,
+            "quant_overhead_of_step": (seconds["quant_s_per_step"] - seconds["cast_s_per_step"]) / step_s}
+
+
+def best_time(fn, x, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn(x)`, after one to compile."""
+    jax.block_until_ready(fn(x))
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def rates(setup, params: int, step_s: float, opts) -> dict:
@@ -399,6 +464,8 @@ def summary(doc: dict) -> dict:
     for m in PLAN:
         if m.baseline:
             out[f"{m.name}_step_s_over_{m.baseline}"] = ratio(m.name, m.baseline, "step_s")
+        if m.quant_overhead:
+            out[f"{m.name}_quant_overhead_of_step"] = res[m.name].get("quant_overhead_of_step") if ok(m.name) else None
     return out
 
 

@@ -83,6 +83,16 @@ def test_dry_run_compares_options_and_schedules(dry_run):
         assert (summary[f"{m.name}_step_s_over_{m.baseline}"] is not None) == ok
 
 
+@pytest.mark.slow
+def test_dry_run_times_the_quantized_gathers(dry_run):
+    doc, _, _ = dry_run
+    for m in (m for m in bench.PLAN if m.quant_overhead):
+        entry = doc["results"][m.name]
+        assert entry["status"] == "ok" and entry["all_gather_dtype"] == "s8", entry  # 8 devices: gathered
+        assert entry["quant_s_per_step"] > 0 and entry["cast_s_per_step"] > 0
+        assert doc["summary"][f"{m.name}_quant_overhead_of_step"] == entry["quant_overhead_of_step"]
+
+
 def test_plan_fits_in_eight_minutes_of_an_h200():
     assert bench.SETUP_S + sum(m.h200_s for m in bench.PLAN) <= 8 * 60
     assert len({m.name for m in bench.PLAN}) == len(bench.PLAN)

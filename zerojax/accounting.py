@@ -20,7 +20,8 @@ from flax import nnx
 
 from zerojax import mesh as mesh_lib
 from zerojax import step as step_lib
-from zerojax.config import ConfigError
+from zerojax import quant
+from zerojax.config import QUANTIZED_GATHERS, ConfigError
 from zerojax.mesh import DATA
 from zerojax.models.protocol import REMAT_POLICIES
 
@@ -94,10 +95,17 @@ def measure_memory(compiled) -> dict:
             "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes)}
 
 
-def analyze(cfg, stages_wanted=STAGES, budget_gb: float | None = None) -> dict:
-    """The `zerojax analyze --json` document: per stage, measured bytes next to the formulas,
-    and with a budget the largest scaling of the model that fits per device."""
+def supported_stages(cfg) -> tuple[int, ...]:
+    """The stages `cfg` can be compiled at: a quantized gather needs a gather (stages 1-3)."""
+    return STAGES[1:] if cfg.precision.gather in QUANTIZED_GATHERS else STAGES
+
+
+def analyze(cfg, stages_wanted=None, budget_gb: float | None = None) -> dict:
+    """The `zerojax analyze --json` document: per stage (default: every stage `cfg` supports),
+    measured bytes next to the formulas, and with a budget the largest scaling of the model
+    that fits per device."""
     params, stages, step = count_params(cfg), {}, None
+    stages_wanted = supported_stages(cfg) if stages_wanted is None else stages_wanted
     for stage in stages_wanted:
         staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
         step, compiled = compile_step(staged)
@@ -118,6 +126,8 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
     comm = collective_bytes(compiled.as_text(), step.mesh.devices.size)
     # b_g and b_r as XLA communicates them (the CPU backend moves bf16 as f32), else the policy's.
     b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), step.policy.gather.itemsize)
+    if quant.is_quantized(step.policy.gather):  # payload and scales in one byte buffer
+        b_g *= quant.bytes_per_element(step.policy.quant_block, step.policy.quant_scale)
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
                           step.policy.reduce.itemsize)
     explicit = z.schedule == "shard_map"
@@ -141,8 +151,23 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward, trained,
                                                cfg.train.grad_accum),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
+        "gather_bytes_per_element": b_g, **quantized_gather(step.policy, comm["dtypes"].get("all-gather")),
         **({"transient_estimate": transient_estimate(cfg, step, b_g, b_r)} if stage == 3 and explicit else {}),
     }
+
+
+def quantized_gather(policy, moved: str | None) -> dict:
+    """What a block-quantized gather sends, for the report (nothing for an unquantized one)."""
+    if not quant.is_quantized(policy.gather):
+        return {}
+    name = policy.gather.name
+    scale = jnp.dtype(policy.quant_scale).name
+    note = (f"{name} payload and {scale} scales (one per block of <= {policy.quant_block} elements) travel as one "
+            f"byte buffer, moved as {moved}")
+    if name != "int8":  # the CPU backend's fp8 collectives are f16 (DESIGN §8): say why bytes travel
+        note += "; an fp8-typed all-gather would be moved as f16 by XLA's CPU backend (2 bytes per element)"
+    return {"gather_quantized": {"format": name, "quant_block": policy.quant_block, "scale": scale,
+                                 "moved_as": moved, "note": note}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,11 +235,13 @@ def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
     work += compiled_temp(exit_grad, unit_params(step, None, compute), xs[last], batch)
     saved = sum(depth[name] * saved_per_block(cfg, step, name, xs[name]) for name in units.names)
     keep_outer = 0 if cfg.zero.reshard_after_forward else unit_size(step, None)
+    if quant.is_quantized(step.policy.gather):  # a unit arrives as bytes, then is dequantized
+        b_gather += step.policy.compute.itemsize
     return {
         "activations": saved + work,  # what the blocks keep, plus one block's and the loss's working set
         # in the backward: the unit and its prefetched successors (and, kept from the forward
         # with reshard_after_forward=false, the outer unit)
-        "gathered_units": ((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather,
+        "gathered_units": round(((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather),
         "unit_gradient": 2 * layer * b_reduce,  # the unit's gradient and its flat layout
         # the fp32 gradient shards of the trained leaves, alive from the backward until the in-place Adam update
         "optimizer": 4 * sum(math.prod(x.stored) for x in jax.tree.leaves(step.plan.trained_leaves)) // step.plan.data_size,
@@ -247,7 +274,10 @@ def regime(cfg, step) -> dict:
     rows = local_rows(cfg, step)
     xs = stack_inputs(cfg, step, rows)
     name = max(step.units.names, key=lambda n: unit_size(step, n))  # the largest unit decides
-    weight_bytes = 3 * unit_size(step, name) * step.policy.gather.itemsize
+    policy = step.policy
+    b_g = (quant.bytes_per_element(policy.quant_block, policy.quant_scale) if quant.is_quantized(policy.gather)
+           else policy.gather.itemsize)
+    weight_bytes = round(3 * unit_size(step, name) * b_g)
     x_elements = sum(x.size for x in jax.tree.leaves(xs[name]))
     activation_bytes = 3 * 4 * step.mesh.shape[DATA] * x_elements * step.policy.compute.itemsize
     tokens = rows * cfg.model.seq_len

@@ -51,7 +51,8 @@ def build_parser() -> Parser:
     analyze = sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas")
     analyze.add_argument("--config", help="YAML config file (see configs/)")
     analyze.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
-    analyze.add_argument("--stages", type=stage_list, default=(0, 1, 2, 3), help="e.g. 0,3 (default 0,1,2,3)")
+    analyze.add_argument("--stages", type=stage_list, help="e.g. 0,3 (default 0,1,2,3; with precision.gather=int8 "
+                         "or float8_e4m3fn 1,2,3)")
     analyze.add_argument("--schedule", choices=["shard_map", "gspmd"], help="same as zero.schedule=...")
     analyze.add_argument("--budget-gb", type=parse_count, help="also find the largest depth x width scaling "
                          "of the model whose compiled peak fits this many GB per device")

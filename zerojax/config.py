@@ -28,6 +28,7 @@ class ConfigError(ValueError):
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (zerojax.quant)
 BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -142,19 +143,21 @@ class ZeroConfig:
     reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
     prefetch: int = 1  # units gathered ahead of the one computing
     min_shard_size: int = 16384  # parameters with fewer elements (per layer) stay replicated
+    quant_block: int = 2048  # precision.gather=int8|float8_e4m3fn: elements per fp32 scale (0.2% more bytes)
 
     def __post_init__(self):
         _choice("zero.stage", self.stage, (0, 1, 2, 3))
         _choice("zero.schedule", self.schedule, ("shard_map", "gspmd"))
         _at_least("zero.prefetch", self.prefetch, 0)
         _at_least("zero.min_shard_size", self.min_shard_size, 0)
+        _at_least("zero.quant_block", self.quant_block, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionConfig:
     param: str = "float32"  # master weights
     compute: str = "auto"  # auto: bfloat16 on GPU/TPU, float32 on CPU (bf16 is emulated there)
-    gather: str = "auto"  # dtype weights are all-gathered in; auto = compute
+    gather: str = "auto"  # dtype weights are all-gathered in; auto = compute; int8 | float8_e4m3fn: block-quantized
     reduce: str = "float32"  # dtype gradients are reduced in
     loss_scale: str | float = "dynamic"  # dynamic (applied to fp16 compute only) | none | a static scale
     initial_scale_power: int = 16  # dynamic scaling starts at 2**this
@@ -169,7 +172,7 @@ class PrecisionConfig:
             object.__setattr__(self, key, DTYPE_ALIASES.get(getattr(self, key), getattr(self, key)))
         _choice("precision.param", self.param, ("float32",))
         _choice("precision.compute", self.compute, ("auto",) + DTYPES)
-        _choice("precision.gather", self.gather, ("auto",) + DTYPES)
+        _choice("precision.gather", self.gather, ("auto",) + DTYPES + QUANTIZED_GATHERS)
         _choice("precision.reduce", self.reduce, DTYPES)
         _choice("precision.frozen", self.frozen, DTYPES)
         if isinstance(self.loss_scale, str):
@@ -276,6 +279,11 @@ class Config:
     def __post_init__(self):
         if not self.name:
             raise ConfigError("name='' is not valid; give the run a name (its default run directory is runs/<name>)")
+        gather, z = self.precision.gather, self.zero
+        if gather in QUANTIZED_GATHERS and (z.schedule != "shard_map" or z.stage == 0):
+            raise ConfigError(f"precision.gather={gather} (block-quantized weight gathers) is supported with "
+                              f"zero.schedule=shard_map at zero.stage 1, 2 or 3, not with zero.schedule={z.schedule} "
+                              f"at zero.stage {z.stage}; use those, or precision.gather=auto|{'|'.join(DTYPES)}")
         byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
         if byte_corpus and self.model.vocab_size < 256:
             raise ConfigError(

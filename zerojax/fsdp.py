@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from zerojax import quant
 from zerojax.mesh import BATCH_AXES, DATA, REPLICA
 from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
@@ -108,9 +109,19 @@ class UnitLayout:
         return jax.tree.unflatten(jax.tree.structure(shards), out)
 
     def gather(self, shards, policy: Policy):
-        """One all_gather of the unit's flat buffer, in the gather dtype."""
+        """One all_gather of the unit's flat buffer, in the gather dtype (int8 / float8_e4m3fn:
+        the fp32 buffer quantized in blocks, gathered, and dequantized into the compute dtype;
+        the backward's gradient is then taken at the dequantized weights: straight through)."""
+        if quant.is_quantized(policy.gather):
+            return self.unpack(self.quantized_gather(shards, policy), shards, policy.compute)
         gathered = jax.lax.all_gather(self.pack(shards, policy.gather), DATA)
         return self.unpack(gathered, shards, policy.gather)
+
+    def quantized_gather(self, shards, policy: Policy) -> jax.Array:
+        """The gathered buffer [N, n], dequantized (`zerojax.quant`: its blocks are cut from this
+        device's flat buffer, so they may straddle leaves, as ZeRO++'s do)."""
+        flat = self.pack(shards, jnp.float32)
+        return quant.all_gather(flat, DATA, policy.quant_block, policy.gather, policy.compute, policy.quant_scale)
 
     def scatter(self, grads, shards, policy: Policy):
         """The gather's transpose: one psum_scatter of the unit's gradient, in the reduce dtype.
@@ -425,3 +436,23 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
 
     return jax.shard_map(local, mesh=mesh, in_specs=(plan.master_specs, P(BATCH_AXES), P()),
                          out_specs=(P(), plan.grad_specs), check_vma=False)
+
+
+def gathered_weights(mesh, plan: Plan, policy: Policy, units: Units):
+    """master -> every weight whole (true shapes), as the step's forward computes with it at
+    stages 1-3: each unit (stage 3) or unit group (stages 1, 2: the outer unit, each whole
+    stack) gathered on its own, in the gather dtype (a quantized one dequantized into the
+    compute dtype). What a quantized gather does to the weights, to compare runs and measure
+    its error. (Stage 3's second gather of the outer unit packs its leaves in reverse,
+    `UnitLayout`: where a block straddles two of them, `exit` sees other blocks.)"""
+    n, per_unit = plan.data_size, plan.layout.gather_per_unit
+
+    def local(master):
+        whole = UnitLayout(units.outer_of(plan.leaves), False, n).gather(units.outer_of(master), policy)
+        for name in units.names:
+            layout = UnitLayout(plan.leaves[name], per_unit, n)
+            whole[name] = (jax.lax.map(lambda w, layout=layout: layout.gather(w, policy), master[name]) if per_unit
+                           else layout.gather(master[name], policy))
+        return whole
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(plan.master_specs,), out_specs=P(), check_vma=False))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from zerojax import quant
 from zerojax.fsdp import StepOptions
 from zerojax.mesh import BATCH_AXES
 from zerojax.models import protocol
@@ -24,8 +25,11 @@ from zerojax.sharding import Plan, combine, constrain, frozen_part, microbatches
 
 
 def compute_view(master, mesh, plan: Plan, policy: Policy):
-    """What the forward/backward sees: unpadded, cast to the gather dtype, in the compute layout."""
-    params = jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(master))
+    """What the forward/backward sees: unpadded, cast to the gather dtype, in the compute layout.
+    A quantized gather dtype is the explicit schedule's alone: eval and sampling, which come
+    here, see the master weights in the compute dtype."""
+    dtype = policy.compute if quant.is_quantized(policy.gather) else policy.gather
+    params = jax.tree.map(lambda x: x.astype(dtype), plan.unpad(master))
     # A padded leaf, sliced back to its true shape, stays sharded (unevenly: XLA pads inside).
     return constrain(params, mesh, plan.compute_specs)
 

@@ -1,8 +1,10 @@
 """Mixed precision: the dtype policy and loss scaling.
 
 fp32 master weights (`param`) are the source of truth; the forward and backward run in
-`compute`; weights travel in `gather` and gradients are reduced in `reduce`. Optimizer moments
-and gradient accumulators stay fp32 whatever the policy. fp16's narrow range needs the loss
+`compute`; weights travel in `gather` and gradients are reduced in `reduce`. A gather dtype of
+int8 or float8_e4m3fn is a block-quantized gather (`zerojax.quant`, blocks of `quant_block`
+elements), dequantized into `compute` on arrival. Optimizer moments and gradient accumulators
+stay fp32 whatever the policy. fp16's narrow range needs the loss
 scaled so that small gradients do not underflow (Micikevicius et al. 2017); bf16 does not.
 """
 
@@ -21,6 +23,8 @@ class Policy:
     compute: jnp.dtype = jnp.float32
     gather: jnp.dtype = jnp.float32
     reduce: jnp.dtype = jnp.float32
+    quant_block: int = 2048  # elements per scale of a quantized gather (zero.quant_block)
+    quant_scale: jnp.dtype = jnp.float32  # dtype of those scales (bf16 measured no better: BENCHMARKS.md)
 
 
 def default_compute(platform: str) -> str:
@@ -28,11 +32,12 @@ def default_compute(platform: str) -> str:
     return "float32" if platform == "cpu" else "bfloat16"
 
 
-def make_policy(param: str, compute: str, gather: str, reduce: str, platform: str) -> Policy:
+def make_policy(param: str, compute: str, gather: str, reduce: str, platform: str,
+                quant_block: int = 2048) -> Policy:
     """A Policy from config names; `auto` resolves by platform (compute) or to compute (gather)."""
     compute = default_compute(platform) if compute == "auto" else compute
     gather = compute if gather == "auto" else gather
-    return Policy(*(jnp.dtype(name) for name in (param, compute, gather, reduce)))
+    return Policy(*(jnp.dtype(name) for name in (param, compute, gather, reduce)), quant_block)
 
 
 class LossScaleState(NamedTuple):

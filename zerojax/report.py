@@ -154,6 +154,10 @@ def analyze_table(doc: dict):
                      f"{m['comm_bytes'] / m['comm_theory_bytes']:.3f}" if m["comm_theory_bytes"] else "-",
                      Text("█" * max(1, round(BAR_WIDTH * m["comm_bytes"] / top)), style="cyan"))
     yield comm
+    quantized = next((m for m in doc["stages"].values() if "gather_quantized" in m), None)
+    if quantized:
+        yield (f"quantized all-gathers: {quantized['gather_quantized']['note']}; DESIGN §2 with "
+               f"b_g = 1 + scale bytes / block = {quantized['gather_bytes_per_element']:.4f} bytes per element")
     if "3" in doc["stages"] and "transient_estimate" in doc["stages"]["3"]:
         m3 = doc["stages"]["3"]
         est = m3["transient_estimate"]

@@ -132,7 +132,7 @@ def make_step(cfg: Config, mesh: Mesh) -> Step:
     if p.reduce != "float32" and cfg.zero.schedule == "gspmd":
         raise ConfigError(f"precision.reduce={p.reduce!r}: choosing the reduce dtype under gspmd is not "
                           "implemented in zerojax yet; use zero.schedule=shard_map")
-    policy = make_policy(p.param, p.compute, p.gather, p.reduce, mesh.devices.flat[0].platform)
+    policy = make_policy(p.param, p.compute, p.gather, p.reduce, mesh.devices.flat[0].platform, cfg.zero.quant_block)
     scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
                               loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
                               min_loss_scale=p.min_loss_scale)
