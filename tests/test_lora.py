@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import ROOT, run
-from zerojax import accounting, checkpoint, cli, config, hf, train
+from zerojax import accounting, cli, config, hf, train
 from zerojax.lora import is_adapter
 from zerojax.sharding import path_name
 

@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec as P
 from conftest import ROOT
 from zerojax import accounting, cli, config, fsdp, quant, train
 from zerojax import data as data_lib
-from zerojax import mesh as mesh_lib
 from zerojax import step as step_lib
 from zerojax.mesh import DATA
 from zerojax.precision import Policy

@@ -57,26 +57,21 @@ def memory_report(params: float, devices: int, k: float = 12, trained: float | N
     return doc
 
 
-def count_params(cfg) -> int:
-    """Ψ of a config's model, from abstract shapes (nothing is allocated); LoRA's adapters included."""
-    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_plan(cfg).leaves))
-
-
-def count_trained(cfg) -> int:
-    """Ψ_t: the parameters a config trains (all but optim.freeze's and a LoRA base)."""
-    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_plan(cfg).leaves) if not leaf.frozen)
-
-
-def abstract_plan(cfg):
-    """The plan of `cfg` on one device (which leaves exist, which are frozen), from shapes."""
-    from zerojax import lora
+def param_counts(cfg) -> tuple[int, int]:
+    """(Ψ, Ψ_t) of a config's model from abstract shapes (nothing is allocated): every parameter
+    (LoRA's adapters included), and those it trains (all but optim.freeze's and a LoRA base)."""
+    from zerojax.models import protocol
     from zerojax.precision import Policy
-    from zerojax.sharding import make_plan
 
     model = step_lib.abstract_model(cfg.model, Policy(), cfg.train.seed, cfg.optim.lora)
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    return make_plan(params, 0, 1, 0, frozen=lora.frozen_mask(params, cfg.optim.freeze, bool(cfg.optim.lora.rank)),
-                     frozen_dtype=cfg.precision.frozen)
+    leaves = jax.tree.leaves(step_lib.param_plan(cfg, model, protocol.check(model), 0, 1).leaves)
+    return (sum(math.prod(leaf.shape) for leaf in leaves),
+            sum(math.prod(leaf.shape) for leaf in leaves if not leaf.frozen))
+
+
+def count_params(cfg) -> int:
+    """Ψ of a config's model."""
+    return param_counts(cfg)[0]
 
 
 def compile_step(cfg):

@@ -182,6 +182,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_memory(args) -> int:
+    import jax.numpy as jnp
+
     from zerojax import accounting, config, report
 
     params, devices = args.params, args.devices
@@ -194,8 +196,8 @@ def cmd_memory(args) -> int:
     trained, frozen_bytes = args.trainable, args.frozen_bytes
     if args.config is not None:
         cfg = config.load(args.config, args.overrides)
-        params, trained = accounting.count_params(cfg), accounting.count_trained(cfg)
-        frozen_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.precision.frozen]
+        params, trained = accounting.param_counts(cfg)
+        frozen_bytes = jnp.dtype(cfg.precision.frozen).itemsize
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
         raise UsageError("give --devices N (the devices on the data axis)")

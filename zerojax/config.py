@@ -518,6 +518,17 @@ HF_DEFAULTS = {"n_kv_heads": 0, "rope_theta": 10000.0, "tie_embeddings": None}  
 TIED_BY_DEFAULT = {"llama": False, "gpt": True}  # transformers' LlamaConfig / GPT2Config tie_word_embeddings defaults
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in `path` (ConfigError, naming the file, if it is not one)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} holds a JSON {type(doc).__name__}, not {what} (a JSON object)")
+    return doc
+
+
 def hf_model_keys(directory: str) -> dict:
     """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
     cannot be read or describes a model zerojax does not have)."""
@@ -525,12 +536,7 @@ def hf_model_keys(directory: str) -> dict:
     if not where.is_file():
         raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
                           "model directory (config.json and model.safetensors) or a zerojax export file")
-    try:
-        hf = json.loads(where.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{where} is not valid JSON ({err})") from None
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{where} holds a JSON {type(hf).__name__}, not a Hugging Face config (a JSON object)")
+    hf = read_json_object(where, "a Hugging Face config")
     archs = hf.get("architectures")
     if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
         raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, e.g. ['LlamaForCausalLM']")

@@ -34,7 +34,7 @@ from flax import nnx
 from zerojax import data
 from zerojax import sharding as sharding_lib
 from zerojax import step as step_lib
-from zerojax.config import HF_ARCHITECTURES, ConfigError, ModelConfig, hf_model_keys
+from zerojax.config import HF_ARCHITECTURES, ConfigError, ModelConfig, hf_model_keys, read_json_object
 from zerojax.precision import Policy
 
 
@@ -177,7 +177,7 @@ def base_leaves(plan: sharding_lib.Plan):
     """The plan's leaves that a model checkpoint holds: all but LoRA adapters (a nested dict)."""
     from zerojax.lora import is_adapter
 
-    return sharding_lib.trained(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves))
+    return sharding_lib.select(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves), False)
 
 
 def check(ckpt: Checkpoint, plan: sharding_lib.Plan, table: dict, stacked: tuple[str, ...],
@@ -356,19 +356,14 @@ def init_adapters(directory: str, plan: sharding_lib.Plan, mesh, family: str, st
     if not config_file.is_file() or not weights.is_file():
         raise ConfigError(f"{where}: not a PEFT adapter directory (adapter_config.json and "
                           "adapter_model.safetensors); `zerojax export --format peft` writes one")
-    try:
-        peft = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{config_file} is not valid JSON ({err})") from None
-    if not isinstance(peft, dict):
-        raise ConfigError(f"{config_file} holds a JSON {type(peft).__name__}, not a PEFT config (a JSON object)")
+    peft = read_json_object(config_file, "a PEFT config")
     if peft.get("peft_type", "LORA") != "LORA" or peft.get("use_dora") or peft.get("use_rslora"):
         raise ConfigError(f"{where}: only plain LoRA adapters are supported (not DoRA or rsLoRA)")
     for key, ours in (("r", "rank"), ("lora_alpha", "alpha")):
         if peft.get(key) != lora[ours]:
             raise ConfigError(f"{where}: its {key}={peft.get(key)!r} differs from optim.lora.{ours}={lora[ours]!r}; "
                               f"set optim.lora.{ours}={peft.get(key)}")
-    adapters = sharding_lib.frozen_part(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves))
+    adapters = sharding_lib.select(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves))
     ckpt, table = Checkpoint([weights], directory), peft_mapping(family)
     wanted = {table[leaf.path].name.format(i=i) for leaf in jax.tree.leaves(adapters)
               for i in (range(leaf.shape[0]) if leaf.path.split("/")[0] in stacked else [0])}

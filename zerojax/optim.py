@@ -41,11 +41,7 @@ def is_frozen(path: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, p.rstrip("/") + "/*") for p in patterns)
 
 
-def frozen_mask(params, patterns: tuple[str, ...]):
-    return jax.tree_util.tree_map_with_path(lambda path, _: is_frozen(path_name(path), patterns), params)
-
-
-def check_freeze(params, patterns: tuple[str, ...], frozen=None, lora: bool = False) -> None:
+def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False) -> None:
     """Every pattern matches a parameter, and something is left to train (`frozen`: the mask
     the run will use, LoRA's base included)."""
     paths = [path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
@@ -53,7 +49,6 @@ def check_freeze(params, patterns: tuple[str, ...], frozen=None, lora: bool = Fa
         if not any(is_frozen(path, (pattern,)) for path in paths):
             raise ConfigError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
                              f"{', '.join(paths[:3])} (a top-level name such as {paths[0].split('/')[0]!r} freezes all of it)")
-    frozen = frozen_mask(params, patterns) if frozen is None else frozen
     if all(jax.tree.leaves(frozen)):
         with_lora = " together with LoRA (which trains only the adapters)" if lora else ""
         raise ConfigError(f"optim.freeze={list(patterns)}{with_lora} freezes every parameter; nothing would train")

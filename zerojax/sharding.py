@@ -222,21 +222,23 @@ def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
     return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params, frozen))
 
 
-def _select(tree, mask, keep: bool):
+def select(tree, mask, keep: bool = True):
+    """The leaves of nested-dict `tree` whose `mask` (a pytree of bools like it) is `keep`, as a
+    nested dict (dicts left empty dropped)."""
     if not isinstance(tree, dict):
         return tree if bool(mask) == keep else None
-    out = {k: _select(v, mask[k], keep) for k, v in tree.items()}
+    out = {k: select(v, mask[k], keep) for k, v in tree.items()}
     return {k: v for k, v in out.items() if v is not None and not (isinstance(v, dict) and not v)}
 
 
 def trained(tree, frozen):
     """The trained leaves of a nested-dict `tree` (frozen ones, and dicts left empty, dropped)."""
-    return _select(tree, frozen, False)
+    return select(tree, frozen, False)
 
 
 def frozen_part(tree, frozen):
     """The frozen leaves of `tree`, as a nested dict."""
-    return _select(tree, frozen, True)
+    return select(tree, frozen, True)
 
 
 def combine(a: dict, b: dict) -> dict:

@@ -90,9 +90,15 @@ def abstract_model(cfg: ModelConfig, policy: Policy, seed: int = 0, lora: LoraCo
     return nnx.eval_shape(lambda: build_model(cfg, policy, seed, lora))
 
 
-def count_params(cfg: ModelConfig) -> int:
-    """Ψ of a model config, from abstract shapes."""
-    return sum(x.size for x in jax.tree.leaves(nnx.state(abstract_model(cfg, Policy()), nnx.Param)))
+def param_plan(cfg: Config, model, stacked: tuple[str, ...], stage: int, data_size: int) -> sharding_lib.Plan:
+    """The plan of `model`'s parameters under `stage` on `data_size` devices, frozen leaves
+    (optim.freeze, a LoRA base) marked and stored in precision.frozen; the freeze checked."""
+    abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    lora = bool(cfg.optim.lora.rank)
+    frozen = lora_lib.frozen_mask(abstract, cfg.optim.freeze, lora)
+    check_freeze(abstract, cfg.optim.freeze, frozen, lora=lora)
+    return sharding_lib.make_plan(abstract, stage, data_size, cfg.zero.min_shard_size, stacked=stacked,
+                                  frozen=frozen, frozen_dtype=cfg.precision.frozen)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,11 +145,7 @@ def make_step(cfg: Config, mesh: Mesh) -> Step:
     lora = cfg.optim.lora
     model = abstract_model(cfg.model, policy, cfg.train.seed, lora)
     units = Units.of(model)
-    abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    frozen = lora_lib.frozen_mask(abstract, cfg.optim.freeze, bool(lora.rank))
-    check_freeze(abstract, cfg.optim.freeze, frozen, lora=bool(lora.rank))
-    plan = sharding_lib.make_plan(abstract, cfg.zero.stage, mesh.shape[mesh_lib.DATA], cfg.zero.min_shard_size,
-                                  stacked=units.names, frozen=frozen, frozen_dtype=p.frozen)
+    plan = param_plan(cfg, model, units.names, cfg.zero.stage, mesh.shape[mesh_lib.DATA])
     z = cfg.zero
     options = fsdp.StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch, z.reshard_after_forward)
     return Step(cfg.model, cfg.train.seed, mesh, policy, units, plan, lora,
