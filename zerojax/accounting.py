@@ -47,13 +47,26 @@ def model_state_bytes(stage: int, params: float, devices: int, k: float = 12, tr
     return states + frozen_bytes * frozen / (n if stage == 3 else 1)
 
 
+def host_state_bytes(stage: int, trained: float, devices: int, k: float = 12, offload: str = "none") -> float:
+    """Per-device bytes `zero.offload` moves to host memory: Adam's m and v (K - 4 bytes per
+    trained parameter: the fp32 master stays) or all K (the master too), sharded at stages 1-3."""
+    moved = {"none": 0, "optimizer": max(k - 4, 0), "optimizer+master": k}[offload]
+    return moved * trained / (devices if stage else 1)
+
+
 def memory_report(params: float, devices: int, k: float = 12, trained: float | None = None,
-                  frozen_bytes: float = 2) -> dict:
-    """The `zerojax memory --json` document (docs/design.md §4)."""
+                  frozen_bytes: float = 2, offload: str = "none") -> dict:
+    """The `zerojax memory --json` document (docs/design.md §4): `stages` is what each device
+    holds; with `offload`, `host_stages` what its host holds for it."""
+    psi_t = params if trained is None else trained
+    host = {str(s): host_state_bytes(s, psi_t, devices, k, offload) for s in STAGES}
     doc = {"params": params, "devices": devices, "k": k,
-           "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes) for s in STAGES}}
+           "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes) - host[str(s)]
+                      for s in STAGES}}
     if trained is not None and trained != params:
         doc.update(trainable=trained, frozen_bytes_per_param=frozen_bytes)
+    if offload != "none":
+        doc.update(offload=offload, host_stages=host)
     return doc
 
 
@@ -84,10 +97,34 @@ def compile_step(cfg):
 
 
 def measure_memory(compiled) -> dict:
-    """Per-device bytes from XLA's own accounting of the compiled step."""
+    """Per-device bytes from XLA's own accounting of the compiled step, the arguments split by
+    the memory they live in (`zero.offload`; the CPU backend's memory_analysis lumps them)."""
     m = compiled.memory_analysis()
+    placed = argument_bytes_by_memory(compiled.as_text())
     return {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
-            "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes)}
+            "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes),
+            "device_argument_bytes": placed["device"], "host_argument_bytes": placed["host"]}
+
+
+HOST_MEMORY_SPACE = 5  # XLA's memory space of pinned host memory: `S(5)` in a layout
+_ENTRY_LAYOUT = re.compile(r"entry_computation_layout=\{\((.*?)\)->")
+_ARGUMENT = re.compile(r"(\w+)\[([\d,]*)\](?:\{([^}]*)\})?")
+
+
+def argument_bytes_by_memory(hlo_text: str) -> dict:
+    """Per-device bytes of the compiled program's parameters, by the memory space their layout
+    names in the module's entry_computation_layout (`{1,0:S(5)}`: host; none: device)."""
+    found = _ENTRY_LAYOUT.search(hlo_text)
+    if not found:
+        raise ValueError("no entry_computation_layout in the compiled HLO module")
+    out = {"device": 0, "host": 0}
+    for element, dims, layout in _ARGUMENT.findall(found.group(1)):
+        if element not in DTYPE_BYTES:
+            continue
+        space = re.search(r"S\((\d+)\)", layout or "")
+        where = "host" if space and int(space.group(1)) == HOST_MEMORY_SPACE else "device"
+        out[where] += DTYPE_BYTES[element] * math.prod(int(d) for d in dims.split(",") if d)
+    return out
 
 
 def supported_stages(cfg) -> tuple[int, ...]:
@@ -141,6 +178,9 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
         "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f),
         "unsharded_bytes": step.plan.unsharded_bytes() if stage else 0,
         **frozen,
+        # zero.offload: what the formula moves to the host (12·Ψ_t or 8·Ψ_t, /N at stages 1-3)
+        **({"offload": z.offload, "host_formula_bytes": host_state_bytes(stage, trained, n, 12, z.offload)}
+           if z.offload != "none" else {}),
         "schedule": z.schedule, "remat": cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward, trained,

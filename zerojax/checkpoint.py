@@ -60,12 +60,19 @@ def saved_state(plan: sharding_lib.Plan, mesh, state):
                 "loss_scale": state.loss_scale}
 
     abstract = jax.eval_shape(view, state)
+    kind = lambda x: getattr(getattr(x, "sharding", None), "memory_kind", None) or "device"
+    kinds = {"step": "device", "skipped": "device", "loss_scale": jax.tree.map(lambda _: "device", state.loss_scale),
+             "params": jax.tree.map(kind, state.params), "opt_state": jax.tree.map(kind, state.opt_state)}
     specs = {"step": P(), "skipped": P(), "loss_scale": jax.tree.map(lambda _: P(), abstract["loss_scale"]),
              "params": jax.tree.map(lambda leaf: _savable_spec(leaf, sharded), plan.leaves),
              "opt_state": sharding_lib.map_like_params(abstract["opt_state"], plan,
                                                        lambda leaf, _: _savable_spec(leaf, sharded),
                                                        lambda _: P(), stored=False)}
-    return view, sharding_lib.named(mesh, specs), abstract
+    # Saved from, and restored into, the memory the state lives in (zero.offload: pinned host),
+    # never through the device as a whole.
+    shardings = jax.tree.map(lambda s, k: s.with_memory_kind(k) if k != "device" else s,
+                             sharding_lib.named(mesh, specs), kinds)
+    return view, shardings, abstract
 
 
 def param_shapes(plan: sharding_lib.Plan) -> dict:
@@ -131,9 +138,11 @@ def _check_meta(meta: dict, plan: sharding_lib.Plan, where: Path) -> None:
                               f"optimizer state for the parameters it trained only; {fix}")
 
 
-def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int, abstract_state, shardings):
+def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int, abstract_state, shardings,
+            finish=lambda state: state):
     """Checkpoint `step` read straight into `plan` on `mesh` (any mesh, stage or schedule), as a
-    state like `abstract_state` (a TrainState) laid out by `shardings`."""
+    state like `abstract_state` (a TrainState) laid out by `shardings` (host memory included);
+    `finish(state)` completes what is not saved (a device copy of the weights)."""
     _check_meta(read_metadata(mgr, step), plan, Path(mgr.directory) / str(step))
     _, saved_layout, abstract = saved_state(plan, mesh, abstract_state)
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, saved_layout)
@@ -144,10 +153,10 @@ def restore(mgr: ocp.CheckpointManager, plan: sharding_lib.Plan, mesh, step: int
                           f"{str(err).splitlines()[0][:200]}); delete it to resume from the one before") from None
 
     def into_plan(saved):
-        return abstract_state._replace(
+        return finish(abstract_state._replace(
             step=saved["step"], params=plan.pad(saved["params"]), skipped=saved["skipped"],
             opt_state=sharding_lib.map_like_params(saved["opt_state"], plan, lambda leaf, x: leaf.pad(x), stored=False),
-            loss_scale=saved["loss_scale"])
+            loss_scale=saved["loss_scale"]))
 
     return jax.jit(into_plan, out_shardings=shardings)(saved)
 

@@ -46,6 +46,9 @@ def build_parser() -> Parser:
                         help="parameters trained (LoRA adapters, unfrozen leaves); the rest are frozen")
     memory.add_argument("--frozen-bytes", type=float, default=2,
                         help="bytes per frozen parameter (precision.frozen: bfloat16 2, float32 4)")
+    memory.add_argument("--offload", choices=("none", "optimizer", "optimizer+master"), default=None,
+                        help="zero.offload: the bill with m and v (optimizer), or the master too, in host memory "
+                             "(default: the config's, else none)")
     memory.add_argument("--json", action="store_true", help="print one JSON document")
 
     analyze = sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas")
@@ -193,9 +196,10 @@ def cmd_memory(args) -> int:
         raise UsageError("give exactly one of --params P or --config PATH")
     if not 0 <= args.k < math.inf:
         raise UsageError(f"--k {args.k} must be a finite number >= 0 (Adam with fp32 master: 12)")
-    trained, frozen_bytes = args.trainable, args.frozen_bytes
+    trained, frozen_bytes, offload = args.trainable, args.frozen_bytes, args.offload or "none"
     if args.config is not None:
         cfg = config.load(args.config, args.overrides)
+        offload = args.offload or cfg.zero.offload
         params, trained = accounting.param_counts(cfg)
         frozen_bytes = jnp.dtype(cfg.precision.frozen).itemsize
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
@@ -206,7 +210,7 @@ def cmd_memory(args) -> int:
     if not 0 < frozen_bytes < math.inf:
         raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be a finite number > 0")
     params = int(params) if float(params).is_integer() else params
-    doc = accounting.memory_report(params, devices, args.k, trained, frozen_bytes)
+    doc = accounting.memory_report(params, devices, args.k, trained, frozen_bytes, offload)
     report.emit(doc, args.json, report.memory_table)
     return 0
 

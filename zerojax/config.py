@@ -29,6 +29,7 @@ class ConfigError(ValueError):
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (zerojax.quant)
+OFFLOADS = ("none", "optimizer", "optimizer+master")  # zero.offload: what lives in pinned host memory
 BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -144,6 +145,7 @@ class ZeroConfig:
     prefetch: int = 1  # units gathered ahead of the one computing
     min_shard_size: int = 16384  # parameters with fewer elements (per layer) stay replicated
     quant_block: int = 2048  # precision.gather=int8|float8_e4m3fn: elements per fp32 scale (0.2% more bytes)
+    offload: str = "none"  # none | optimizer (Adam m, v in pinned host memory) | optimizer+master (and the fp32 master)
 
     def __post_init__(self):
         _choice("zero.stage", self.stage, (0, 1, 2, 3))
@@ -151,6 +153,7 @@ class ZeroConfig:
         _at_least("zero.prefetch", self.prefetch, 0)
         _at_least("zero.min_shard_size", self.min_shard_size, 0)
         _at_least("zero.quant_block", self.quant_block, 1)
+        _choice("zero.offload", self.offload, OFFLOADS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +287,10 @@ class Config:
             raise ConfigError(f"precision.gather={gather} (block-quantized weight gathers) is supported with "
                               f"zero.schedule=shard_map at zero.stage 1, 2 or 3, not with zero.schedule={z.schedule} "
                               f"at zero.stage {z.stage}; use those, or precision.gather=auto|{'|'.join(DTYPES)}")
+        if z.offload != "none" and z.schedule != "shard_map":
+            raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
+                              f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
+                              "or zero.offload=none")
         byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
         if byte_corpus and self.model.vocab_size < 256:
             raise ConfigError(

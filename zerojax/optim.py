@@ -55,6 +55,14 @@ def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False) 
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    clip, adamw = optimizer_parts(cfg, total_steps)
+    return optax.chain(clip, adamw) if clip is not None else adamw
+
+
+def optimizer_parts(cfg: OptimConfig, total_steps: int):
+    """(clip or None, adamw): the part that needs the whole gradient (its global norm) and the
+    elementwise rest, which `zero.offload` applies one unit at a time. The chain of the two is
+    `make_optimizer`'s, so its state is a (clip's, adamw's) pair with clipping, adamw's without."""
     adamw = optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=decay_mask)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw) if cfg.clip_norm > 0 else adamw
+    return (optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None), adamw

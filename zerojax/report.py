@@ -53,17 +53,25 @@ def memory_table(doc: dict):
     top = max(stages.values()) or 1
     frozen = (f" ({doc['trainable']:,} trained, the rest frozen at {doc['frozen_bytes_per_param']:g} B)"
               if "trainable" in doc else "")
+    host = doc.get("host_stages")
+    offload = (f", zero.offload={doc['offload']} (moved to host: " +
+               ("m and v, (K - 4)·Ψ" if doc["offload"] == "optimizer" else "master, m and v, K·Ψ") + ", /N at stages 1-3)"
+               if host else "")
     table = Table(title=f"Model states per device: Ψ = {doc['params']:,} parameters{frozen}, "
-                        f"N = {doc['devices']} devices, K = {doc['k']:g}")
-    for column in ("stage", "FSDP name", "formula", "per device", ""):
-        table.add_column(column, justify="right" if column == "per device" else "left", no_wrap=True)
+                        f"N = {doc['devices']} devices, K = {doc['k']:g}{offload}")
+    columns = ("stage", "FSDP name", "formula", "per device") + (("host, per device",) if host else ()) + ("",)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("per device", "host, per device") else "left",
+                         no_wrap=True)
     for stage, nbytes in stages.items():
         bar = "█" * max(1, round(BAR_WIDTH * nbytes / top)) if nbytes else ""
         formula = accounting.FORMULAS[stage]
         if "trainable" in doc:  # Ψ_t pays the formula; the frozen rest is stored once
             formula = formula.replace("Ψ", "Ψt") + (" + b·Ψf/N" if stage == 3 else " + b·Ψf")
-        table.add_row(str(stage), accounting.ALIASES[stage], formula,
-                      human_bytes(nbytes), Text(bar, style="cyan"))
+        if host:
+            formula += " - host"
+        table.add_row(str(stage), accounting.ALIASES[stage], formula, human_bytes(nbytes),
+                      *((human_bytes(host[str(stage)]),) if host else ()), Text(bar, style="cyan"))
     yield table
 
 
@@ -142,6 +150,19 @@ def analyze_table(doc: dict):
                          human_bytes(m["argument_bytes"]), human_bytes(m["state_formula_bytes"]),
                          human_bytes(m["state_bytes"]), f"{m['argument_bytes'] / m['state_formula_bytes']:.3f}")
         yield bill
+    offloaded = {stage: m for stage, m in doc["stages"].items() if m.get("offload", "none") != "none"}
+    if offloaded:
+        mode = next(iter(offloaded.values()))["offload"]
+        place = Table(title=f"zero.offload={mode}: the compiled step's arguments by memory space (host: S(5) in "
+                            "their HLO layouts), per device")
+        for column in ("stage", "device", "host", "host formula", "host/formula", "temp"):
+            place.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+        for stage, m in offloaded.items():
+            place.add_row(stage, human_bytes(m["device_argument_bytes"]), human_bytes(m["host_argument_bytes"]),
+                          human_bytes(m["host_formula_bytes"]),
+                          f"{m['host_argument_bytes'] / m['host_formula_bytes']:.3f}" if m["host_formula_bytes"] else "-",
+                          human_bytes(m["temp_bytes"]))
+        yield place
     comm = Table(title="Bytes each device sends per step (ring volumes, from the optimized HLO)")
     for column in ("stage", "all-gather", "reduce-scatter", "all-reduce", "total", "DESIGN §2", "measured/theory", ""):
         comm.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)

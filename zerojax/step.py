@@ -21,13 +21,14 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from zerojax import fsdp, gspmd
+from zerojax import fsdp, gspmd, quant
 from zerojax import lora as lora_lib
+from zerojax import offload as offload_lib
 from zerojax import mesh as mesh_lib
 from zerojax import sharding as sharding_lib
 from zerojax.config import Config, ConfigError, LoraConfig, ModelConfig
 from zerojax.models import FAMILIES, ProtocolError, Units, protocol
-from zerojax.optim import check_freeze, make_optimizer, make_schedule
+from zerojax.optim import check_freeze, make_optimizer, make_schedule, optimizer_parts
 from zerojax.precision import LossScaler, LossScaleState, Policy, make_loss_scaler, make_policy
 
 SCHEDULES = {"shard_map": fsdp.make_loss_and_grads, "gspmd": gspmd.make_loss_and_grads}
@@ -40,6 +41,8 @@ class TrainState(NamedTuple):
     opt_state: Any  # optax state (Adam moments in fp32) of the trained leaves, laid out like them
     skipped: jax.Array  # consecutive non-finite steps
     loss_scale: LossScaleState
+    weights: Any = None  # zero.offload=optimizer+master: the trained leaves in the gather dtype, on the
+    #                      device, in the master layout (what forward and backward read); else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,10 +122,33 @@ class Step:
     scaler: LossScaler
     schedule: str  # shard_map | gspmd
     options: fsdp.StepOptions
+    offload: offload_lib.Offload = offload_lib.Offload()
+    clip: optax.GradientTransformation | None = None  # `optimizer`'s two parts (optim.optimizer_parts)
+    elementwise: optax.GradientTransformation | None = None
 
     def view(self, master):
         """The model over the compute view of the master weights (eval, sampling)."""
         return self.units.model(gspmd.compute_view(master, self.mesh, self.plan, self.policy))
+
+    @property
+    def weights_dtype(self):
+        """The dtype of the device copy of offloaded master weights: what the gather sends (the
+        compute dtype for a quantized gather, which quantizes from it)."""
+        return self.policy.compute if quant.is_quantized(self.policy.gather) else self.policy.gather
+
+    def weights_of(self, params):
+        """The device copy of the trained leaves that `optimizer+master` keeps (else None)."""
+        if not self.offload.master:
+            return None
+        trained = offload_lib.to_device(sharding_lib.trained(params, self.plan.frozen))
+        return jax.tree.map(lambda x: x.astype(self.weights_dtype), trained)
+
+    def forward_params(self, state: TrainState):
+        """What forward and backward (and eval, sampling) read: the master, or with the master on
+        the host, its device copy in the gather dtype beside the frozen leaves."""
+        if not self.offload.master:
+            return state.params
+        return sharding_lib.combine(state.weights, sharding_lib.frozen_part(state.params, self.plan.frozen))
 
 
 def make_step(cfg: Config, mesh: Mesh) -> Step:
@@ -147,18 +173,31 @@ def make_step(cfg: Config, mesh: Mesh) -> Step:
     units = Units.of(model)
     plan = param_plan(cfg, model, units.names, cfg.zero.stage, mesh.shape[mesh_lib.DATA])
     z = cfg.zero
+    offload_lib.check_backend(mesh, z.offload)
     options = fsdp.StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch, z.reshard_after_forward)
+    clip, elementwise = optimizer_parts(cfg.optim, cfg.train.steps)
     return Step(cfg.model, cfg.train.seed, mesh, policy, units, plan, lora,
                 make_optimizer(cfg.optim, cfg.train.steps), make_schedule(cfg.optim, cfg.train.steps), scaler,
-                z.schedule, options)
+                z.schedule, options, offload_lib.Offload(z.offload), clip, elementwise)
 
 
 def state_shardings(step: Step, abstract_state: TrainState):
-    plan = step.plan  # frozen leaves' specs: sharded at stage 3 only (their dim is None below it)
+    """Where each part of the state lives: the plan's layout, in host memory where zero.offload
+    puts it (every optimizer-state copy of a parameter; the trained leaves' master)."""
+    plan, offload = step.plan, step.offload  # frozen leaves: sharded at stage 3 only, never offloaded
+    weights = plan.specs(plan.layout.master, plan.trained_leaves) if offload.master else None
     specs = TrainState(P(), plan.master_specs, sharding_lib.state_specs(abstract_state.opt_state, plan,
                                                                          plan.layout.master),
-                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale))
-    return sharding_lib.named(step.mesh, specs)
+                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale), weights)
+    shardings = sharding_lib.named(step.mesh, specs)
+    if offload.moments:
+        copies = sharding_lib.map_like_params(abstract_state.opt_state, plan, lambda *_: True, lambda _: False)
+        shardings = shardings._replace(opt_state=jax.tree.map(
+            lambda s, host: offload_lib.on_host(s) if host else s, shardings.opt_state, copies))
+    if offload.master:
+        shardings = shardings._replace(params=plan.map(
+            lambda leaf, s: s if leaf.frozen else offload_lib.on_host(s), shardings.params))
+    return shardings
 
 
 def init_state(step: Step, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
@@ -177,7 +216,7 @@ def init_state(step: Step, *, abstract: bool = False, loaded: dict | None = None
         params = plan.cast(plan.pad(loaded))
         zero = jnp.zeros((), jnp.int32)
         opt_state = step.optimizer.init(sharding_lib.trained(params, plan.frozen))
-        return TrainState(zero, params, opt_state, zero, step.scaler.init())
+        return TrainState(zero, params, opt_state, zero, step.scaler.init(), step.weights_of(params))
 
     shapes = jax.eval_shape(init, None)
     shardings = state_shardings(step, shapes)
@@ -204,10 +243,12 @@ def make_train_step(step: Step, abstract_state: TrainState | None = None):
         scale = state.loss_scale.scale
         # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
         # reduced or applied, and they come out of the step as they went in.
-        loss, grads = loss_and_grads(state.params, batch_BS, scale)
+        loss, grads = loss_and_grads(step.forward_params(state), batch_BS, scale)
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
+        if step.offload.moments:
+            return offloaded(state, grads, finite, loss, grad_norm)
 
         def update(params, opt_state):
             updates, opt_state = step.optimizer.update(grads, opt_state, params)
@@ -221,9 +262,30 @@ def make_train_step(step: Step, abstract_state: TrainState | None = None):
         new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=params, opt_state=opt_state,
                                skipped=jnp.where(finite, 0, state.skipped + 1),
                                loss_scale=step.scaler.update(state.loss_scale, finite))
-        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": step.lr(state.step), "skipped": ~finite,
-                   "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
-        return new_state, metrics
+        return new_state, metrics_of(state, new_state, finite, loss, grad_norm)
+
+    def metrics_of(state, new_state, finite, loss, grad_norm):
+        return {"loss": loss, "grad_norm": grad_norm, "lr": step.lr(state.step), "skipped": ~finite,
+                "skipped_in_a_row": new_state.skipped, "loss_scale": state.loss_scale.scale}
+
+    def offloaded(state: TrainState, grads, finite, loss, grad_norm):
+        """The update streamed unit by unit through host memory (`zerojax.offload`): clipping
+        first, on the device (it needs only the gradient's global norm), then AdamW per unit."""
+        opt_state = state.opt_state
+        if step.clip is not None:  # optax.chain's state: (clip's, adamw's)
+            grads, _ = step.clip.update(grads, opt_state[0])
+            adam_state = opt_state[1]
+        else:
+            adam_state = opt_state
+        trained, adam_state, weights = offload_lib.streamed_update(
+            step.elementwise, step.offload, grads, adam_state, sharding_lib.trained(state.params, frozen),
+            finite, step.units.names, state.weights)
+        opt_state = (opt_state[0], adam_state) if step.clip is not None else adam_state
+        new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                               params=sharding_lib.combine(trained, sharding_lib.frozen_part(state.params, frozen)),
+                               opt_state=opt_state, skipped=jnp.where(finite, 0, state.skipped + 1),
+                               loss_scale=step.scaler.update(state.loss_scale, finite), weights=weights)
+        return new_state, metrics_of(state, new_state, finite, loss, grad_norm)
 
     shardings = state_shardings(step, abstract_state or init_state(step, abstract=True))
     return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(step.mesh)),

@@ -123,7 +123,8 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     """The state the run starts from: its newest checkpoint, `model.init_from`, or a fresh init."""
     cfg, step = setup.cfg, setup.step
     if setup.resume_step:
-        return checkpoint.restore(ckpt, step.plan, step.mesh, setup.resume_step, abstract, shardings)
+        return checkpoint.restore(ckpt, step.plan, step.mesh, setup.resume_step, abstract, shardings,
+                                  finish=lambda state: state._replace(weights=step.weights_of(state.params)))
     loaded = None
     if cfg.model.init_from:  # built straight into the sharded master layout
         loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
@@ -187,7 +188,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
                 metrics = jax.device_get(metrics)  # waits for this step: the time below includes it
                 line = _metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
                 if do_eval:
-                    line["eval_loss"] = evaluate(setup, eval_step, state.params)
+                    line["eval_loss"] = evaluate(setup, eval_step, step_def.forward_params(state))
                 log.write(json.dumps(line) + "\n")
                 log.flush()
                 history.append(line)
@@ -209,7 +210,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
         ckpt.close()
     sample = ""  # every process samples (SPMD); a model without `logits` has no sample
     if stopped is None and step_def.units.has_logits:
-        sample = sample_text(step_def.view, state.params, setup.corpus, cfg.model.seq_len, cfg.train.seed)
+        sample = sample_text(step_def.view, step_def.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
     if stopped is None and lead:
         (out / "sample.txt").write_text(sample)
     return {"history": history, "sample": sample, "run_dir": str(out), "state": state, "stopped": stopped,
