@@ -28,7 +28,7 @@ def four_steps(overrides):
     """Losses and states of four steps, the second one poisoned (loss scale inf: skipped)."""
     setup = train.prepare(config.load(overrides=overrides))
     step = step_lib.make_train_step(setup.step)
-    state, losses, states = step_lib.init_state(setup.step), [], []
+    state, losses = step_lib.init_state(setup.step), []
     for i in range(4):
         batch = train.global_batch(setup, setup.corpus.train, 0, i)
         if i == 1:

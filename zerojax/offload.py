@@ -22,7 +22,6 @@ writes every piece back unchanged (a select per piece, not a `cond` around host 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
