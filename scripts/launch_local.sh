@@ -35,6 +35,8 @@ while [ "$remaining" -gt 0 ]; do
   code=$?
   [ -z "${done_pid:-}" ] && continue  # interrupted by a forwarded signal: keep waiting
   remaining=$((remaining - 1))
+  left=(); for p in "${pids[@]}"; do [ "$p" != "$done_pid" ] && left+=("$p"); done
+  pids=("${left[@]}")  # `wait -n` on a pid already reaped says "no such job"
   if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then
     status=$code
     echo "zerojax: launch_local: process $done_pid exited with $code; stopping the others" >&2

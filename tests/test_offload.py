@@ -124,6 +124,8 @@ def test_device_and_host_bytes_from_the_compiled_step(path, extra):
     assert full["device_argument_bytes"] <= (b_g + 0.1) * psi_n + small * b_g / 4
     assert full["host_argument_bytes"] == pytest.approx(offloaded_bytes(step, 3), rel=0.02)
     assert opt["device_argument_bytes"] + opt["host_argument_bytes"] == none["argument_bytes"]
+    for m in (opt, full):  # the donated host state comes back in place, on the host
+        assert m["host_output_bytes"] == m["host_argument_bytes"] and accounting.peak_bytes(m) < accounting.peak_bytes(none)
     if b_g == 4:  # transient: at most one unit's offloaded state more than on the device
         for mode, per_param in (("optimizer", 2), ("optimizer+master", 3)):
             assert measured[mode]["temp_bytes"] <= none["temp_bytes"] + unit_offloaded_bytes(step, per_param), mode

@@ -100,25 +100,32 @@ def measure_memory(compiled) -> dict:
     """Per-device bytes from XLA's own accounting of the compiled step, the arguments split by
     the memory they live in (`zero.offload`; the CPU backend's memory_analysis lumps them)."""
     m = compiled.memory_analysis()
-    placed = argument_bytes_by_memory(compiled.as_text())
+    text = compiled.as_text()
+    args, outs = argument_bytes_by_memory(text), argument_bytes_by_memory(text, outputs=True)
     return {"argument_bytes": int(m.argument_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
             "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes),
-            "device_argument_bytes": placed["device"], "host_argument_bytes": placed["host"]}
+            "device_argument_bytes": args["device"], "host_argument_bytes": args["host"],
+            "device_output_bytes": outs["device"], "host_output_bytes": outs["host"]}
 
 
 HOST_MEMORY_SPACE = 5  # XLA's memory space of pinned host memory: `S(5)` in a layout
-_ENTRY_LAYOUT = re.compile(r"entry_computation_layout=\{\((.*?)\)->")
 _ARGUMENT = re.compile(r"(\w+)\[([\d,]*)\](?:\{([^}]*)\})?")
 
 
-def argument_bytes_by_memory(hlo_text: str) -> dict:
-    """Per-device bytes of the compiled program's parameters, by the memory space their layout
-    names in the module's entry_computation_layout (`{1,0:S(5)}`: host; none: device)."""
-    found = _ENTRY_LAYOUT.search(hlo_text)
-    if not found:
+def argument_bytes_by_memory(hlo_text: str, outputs: bool = False) -> dict:
+    """Per-device bytes of the compiled program's parameters (or results), by the memory space
+    their layout names in the module's entry_computation_layout (`{1,0:S(5)}`: host; none: device)."""
+    start = hlo_text.find("entry_computation_layout={")
+    if start < 0:
         raise ValueError("no entry_computation_layout in the compiled HLO module")
+    depth, at = 0, start + len("entry_computation_layout=")
+    for end in range(at, len(hlo_text)):  # to the brace that closes the layout
+        depth += {"{": 1, "}": -1}.get(hlo_text[end], 0)
+        if depth == 0:
+            break
+    params, _, results = hlo_text[at + 1 : end].partition(")->")
     out = {"device": 0, "host": 0}
-    for element, dims, layout in _ARGUMENT.findall(found.group(1)):
+    for element, dims, layout in _ARGUMENT.findall(results if outputs else params):
         if element not in DTYPE_BYTES:
             continue
         space = re.search(r"S\((\d+)\)", layout or "")
@@ -488,8 +495,13 @@ def state_bytes(plan) -> int:
 
 
 def peak_bytes(memory: dict) -> int:
-    """Per-device peak of a compiled step: what it reads, makes and returns (donated buffers once)."""
-    return memory["argument_bytes"] + memory["temp_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+    """Per-device peak of a compiled step: what it reads, makes and returns (donated buffers once).
+    Host-memory arguments and results (zero.offload) are not the device's (each host result is
+    a donated host argument's buffer: the aliased bytes less those are the device's)."""
+    if "device_argument_bytes" not in memory:
+        return memory["argument_bytes"] + memory["temp_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+    return (memory["device_argument_bytes"] + memory["temp_bytes"] + memory["device_output_bytes"]
+            - (memory["alias_bytes"] - memory["host_output_bytes"]))
 
 
 def scaled(cfg, factor: float):
