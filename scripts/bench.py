@@ -7,6 +7,7 @@
     python scripts/bench.py summary FILE                  (the Markdown summary of a plan's JSON)
     python scripts/bench.py stages [--config PATH] [--steps 20] [--stages 0,1,2,3]
                                    [--schedules shard_map,gspmd] [--peak-tflops T] [KEY=VALUE ...]
+    python scripts/bench.py transient [--shapes 3.3M,25.5M] [--out FILE] [KEY=VALUE ...]
 
 `plan` is what scripts/bench_gpu.sh runs: the measurements of PLAN below, in order, each in a
 fresh process, because a process's peak device memory (`memory_stats()["peak_bytes_in_use"]`)
@@ -18,6 +19,14 @@ skipped with that reason. `--dry-run` runs the same plan on CPU with tiny shapes
 
 `stages` is the per-stage table of BENCHMARKS.md's CPU section (one process; on CPU absolute
 times are noise, compare the ratios).
+
+`transient` is BENCHMARKS.md's like-for-like table of transient memory (XLA's `temp_size_in_bytes`
+of the compiled step, nothing allocated) at stage 3, bf16 compute, `model.remat=full`: the
+explicit schedule at `zero.prefetch=0` and `1`, zerojax's gspmd schedule, and the peer, JAX's
+usual FSDP: the same model and AdamW under GSPMD, parameters and optimizer state sharded by
+scalax's `FSDPShardingRule`, activations batch-sharded between blocks, `jax.checkpoint` per
+block with `nothing_saveable`. The peer needs scalax (`pip install scalax`), which is not a
+zerojax dependency.
 """
 
 from __future__ import annotations
@@ -85,11 +94,28 @@ def make_step(cfg):
     return make(cfg, mesh.make_mesh(cfg.mesh))
 
 
+def abstract_params(setup):
+    """The model's fp32 parameters as a nested dict of shapes (true shapes, no padding)."""
+    from flax import nnx
+
+    from zerojax.step import abstract_model
+
+    step = setup.step
+    return nnx.to_pure_dict(nnx.state(abstract_model(step.model, step.policy, step.seed), nnx.Param))
+
+
 def init_state(setup):
     """The real (allocated) train state of a compiled setup."""
     from zerojax.step import init_state as init
 
     return init(setup.step)
+
+
+def batch_shape(cfg):
+    """The global batch: int32 tokens [B, T+1]."""
+    from zerojax.step import batch_shape as shape
+
+    return shape(cfg)
 
 
 def batch_sharding(setup):
@@ -550,6 +576,138 @@ def stages_summary(cfg, rows: list[dict]) -> dict:
             "shard_map_over_gspmd_stage3_temp": ratio(("shard_map", 3), ("gspmd", 3), "temp_bytes")}
 
 
+# ---------------------------------------------------------------------------------------------
+# `transient`: stage 3's transient memory, like for like with JAX's usual FSDP (BENCHMARKS.md).
+
+TRANSIENT_SHAPES = {  # the issue's shapes: 3.3M and 25.5M parameters
+    "3.3M": ("model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.d_ff=1024", "model.seq_len=128",
+             "train.global_batch=32"),
+    "25.5M": ("model.d_model=512", "model.n_layers=8", "model.n_heads=8", "model.d_ff=2048", "model.seq_len=256",
+              "train.global_batch=16"),
+}
+LIKE_FOR_LIKE = ("zero.stage=3", "precision.compute=bf16", "model.remat=full")
+TRANSIENT_SCHEDULES = (("shard_map", 0), ("shard_map", 1), ("gspmd", None), ("peer", None))
+
+
+def fsdp_rule_class():
+    """scalax's FSDPShardingRule, imported here: scalax is not a zerojax dependency."""
+    try:
+        from scalax.sharding import FSDPShardingRule
+    except ImportError:
+        raise SystemExit("bench.py transient: the peer schedule needs scalax, which zerojax does not depend on: "
+                         "pip install scalax") from None
+    return FSDPShardingRule
+
+
+def peer_step(cfg):
+    """JAX's usual FSDP on `cfg`'s model, mesh and optimizer: (Setup, the jitted step, its
+    abstract state and batch, shardings included). Nothing is allocated.
+
+    Every leaf of the train state (fp32 master weights, AdamW moments) is sharded by scalax's
+    FSDPShardingRule: the largest dim divisible by the data axis, leaves under
+    `zero.min_shard_size` elements whole. The step is jax.value_and_grad of the model's loss
+    (blocks in a lax.scan, each under jax.checkpoint with nothing_saveable, the activations
+    constrained to be batch-sharded between blocks), then the optimizer's update, jitted with
+    the state donated; XLA places every collective."""
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    setup = Setup(cfg, make_step(cfg))
+    step, m, units = setup.step, setup.mesh, setup.step.units
+    rows = mesh.batch_sharding(m)
+    constrain = lambda x: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, rows), x)
+
+    def loss(params, batch_BS):
+        outer = units.outer_of(params)
+        x = constrain(units.enter(outer, batch_BS))
+        for k, name in enumerate(units.names):
+            if k:
+                x = constrain(units.between(outer, name, x, batch_BS))
+
+            def block(x, layer, name=name):
+                return constrain(units.block(name, layer, x)), None
+
+            body = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
+            x, _ = jax.lax.scan(body, x, params[name])
+        return units.exit(outer, x, batch_BS)[0]  # the mean loss over the whole batch
+
+    def train_step(state, batch_BS):
+        params, opt_state = state
+        value, grads = jax.value_and_grad(loss)(params, batch_BS)
+        updates, opt_state = step.optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), value
+
+    params = abstract_params(setup)
+    state = (params, jax.eval_shape(step.optimizer.init, params))
+    rule = fsdp_rule_class()(mesh.DATA, fsdp_axis_size=m.shape[mesh.DATA], min_fsdp_size=cfg.zero.min_shard_size)
+    shardings = jax.tree.map(lambda spec: NamedSharding(m, spec), rule.apply(state),
+                             is_leaf=lambda x: isinstance(x, P))
+    abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state, shardings)
+    shape = batch_shape(cfg)
+    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=rows)
+    jitted = jax.jit(train_step, in_shardings=(shardings, rows), out_shardings=(shardings, mesh.replicated(m)),
+                     donate_argnums=0)
+    return setup, jitted, abstract, batch
+
+
+def compile_peer(cfg):
+    """(Setup, the peer's compiled step)."""
+    setup, jitted, state, batch = peer_step(cfg)
+    return setup, jitted.lower(state, batch).compile()
+
+
+def transient_rows(base_overrides, shapes) -> list[dict]:
+    """Per shape, every schedule's temp and argument bytes, with ratios to the peer's temp and
+    the excess over it in gathered units (the largest unit, in the bytes XLA's all-gather moves)."""
+    rows = []
+    fsdp_rule_class()  # before anything is compiled
+    for shape in shapes:
+        cfg = load_config(None, [*TRANSIENT_SHAPES[shape], *LIKE_FOR_LIKE, *base_overrides])
+        found = []
+        for schedule, prefetch in TRANSIENT_SCHEDULES:
+            if schedule == "peer":
+                setup, compiled = compile_peer(cfg)
+            else:
+                zero = dataclasses.replace(cfg.zero, schedule=schedule, prefetch=prefetch or 0)
+                setup, compiled = compile_step(dataclasses.replace(cfg, zero=zero))
+            mem = accounting.measure_memory(compiled)
+            row = {"shape": shape, "params": count_params(cfg), "schedule": schedule, "prefetch": prefetch,
+                   "temp_bytes": mem["temp_bytes"], "argument_bytes": mem["argument_bytes"]}
+            if schedule == "shard_map" and prefetch == 0:  # the unit, as this backend gathers it
+                b_g = stage_report(setup, compiled, row["params"])["gather_bytes_per_element"]
+                unit = max(accounting.unit_size(setup.step, name) for name in setup.step.units.names)
+                row.update(unit_elements=unit, gather_bytes_per_element=b_g)
+            found.append(row)
+            print(json.dumps(row), flush=True)
+        peer = found[-1]["temp_bytes"]
+        unit_bytes = found[0]["unit_elements"] * found[0]["gather_bytes_per_element"]
+        for row in found:
+            row.update(over_peer=row["temp_bytes"] / peer, units_over_peer=(row["temp_bytes"] - peer) / unit_bytes)
+        rows += found
+    return rows
+
+
+def transient_markdown(rows: list[dict]) -> str:
+    lines = ["| shape | parameters | schedule | zero.prefetch | temp / device | / peer | above peer, gathered units | "
+             "persistent args |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = {"peer": "peer (GSPMD + scalax FSDPShardingRule)", "gspmd": "gspmd (zerojax)"}.get(r["schedule"],
+                                                                                                 r["schedule"])
+        prefetch = "-" if r["prefetch"] is None else str(r["prefetch"])
+        lines.append(f"| {r['shape']} | {r['params']:,} | {name} | {prefetch} | {r['temp_bytes'] / 1e6:.2f} MB "
+                     f"| {r['over_peer']:.3f} | {r['units_over_peer']:+.2f} | {r['argument_bytes'] / 1e6:.2f} MB |")
+    return "\n".join(lines)
+
+
+def transient_main(opts) -> int:
+    rows = transient_rows(opts.overrides, opts.shapes.split(","))
+    doc = {"rows": rows, "overrides": opts.overrides, **device_info()}
+    print(transient_markdown(rows))
+    if opts.out:
+        write_json(Path(opts.out), doc)
+    return 0
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -575,6 +733,10 @@ def parse_args(argv=None):
     stages.add_argument("--schedules", default="shard_map,gspmd")
     stages.add_argument("--out")
     stages.add_argument("overrides", nargs="*")
+    transient = sub.add_parser("transient")
+    transient.add_argument("--shapes", default=",".join(TRANSIENT_SHAPES), help="of " + ", ".join(TRANSIENT_SHAPES))
+    transient.add_argument("--out")
+    transient.add_argument("overrides", nargs="*")
     return parser.parse_args(argv)
 
 
@@ -585,7 +747,8 @@ def main(argv=None) -> int:
         return 0
     if opts.command == "stages" and opts.xla_preset:
         apply_xla_preset(opts.xla_preset)
-    return {"plan": plan_main, "measure": measure_main, "stages": stages_main}[opts.command](opts)
+    return {"plan": plan_main, "measure": measure_main, "stages": stages_main,
+            "transient": transient_main}[opts.command](opts)
 
 
 if __name__ == "__main__":

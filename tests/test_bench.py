@@ -157,3 +157,35 @@ def children_of(tmp_path) -> list[str]:
             continue
         found += [text] if str(tmp_path) in text and "bench.py measure" in text else []
     return found
+
+
+def test_transient_peer_is_the_same_model_sharded_by_scalax():
+    """`bench.py transient`'s peer: scalax's FSDPShardingRule splits every leaf of at least
+    zero.min_shard_size elements over the data axis, and its step's loss is the model's."""
+    pytest.importorskip("scalax", reason="the peer of `bench.py transient` needs scalax (pip install scalax), which "
+                        "zerojax does not depend on; CI installs zerojax[test] only")
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from zerojax.models import protocol
+    from zerojax.step import build_model
+
+    cfg = bench.load_config(None, [*bench.DRY, *bench.LIKE_FOR_LIKE, "optim.warmup_steps=0"])  # lr > 0 at step 0
+    setup, jitted, state, batch = bench.peer_step(cfg)
+    params, opt_state = state
+    for leaf in jax.tree.leaves(params) + jax.tree.leaves(opt_state):
+        split = bench.mesh.DATA in tuple(leaf.sharding.spec)
+        assert split == (leaf.size >= cfg.zero.min_shard_size), (leaf.shape, leaf.sharding.spec)
+    step = setup.step
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    real = jax.jit(lambda: (lambda p: (p, step.optimizer.init(p)))(
+        nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed), nnx.Param))),
+        out_shardings=shardings)()
+    tokens = jax.device_put(np.random.default_rng(0).integers(0, cfg.model.vocab_size, batch.shape, np.int32),
+                            batch.sharding)
+    expected = jax.jit(lambda p, b: protocol.forward(step.units, p, b)[0])(real[0], tokens)  # unsharded, no remat
+    before = [np.asarray(x) for x in jax.tree.leaves(real[0])]  # the step donates `real`
+    (new_params, _), loss = jitted(real, tokens)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-3)
+    assert all(np.any(np.asarray(x) != b) for x, b in zip(jax.tree.leaves(new_params), before))  # AdamW moved each

@@ -261,6 +261,24 @@ class Tape(NamedTuple):
     queue: tuple  # units the forward already gathered for the backward (prefetch)
 
 
+def as_bits(tree):
+    """2-byte floats (bf16, f16) as their bits (uint16); other leaves as they are.
+
+    What the forward stores for the backward, stacked over a stack's layers, is kept like this.
+    XLA's CPU backend computes bf16 in f32: a stack of bf16 block inputs read layer by layer in
+    the backward's loop would be converted to f32 as a whole before the loop (twice its bytes,
+    alive through the backward). Read as bits, only the layer being read is converted. Exact
+    (a bitcast); on GPU and TPU a no-op."""
+    narrow = lambda a: a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating)
+    return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if narrow(a) else a, tree)
+
+
+def from_bits(tree, dtypes):
+    """as_bits undone: each leaf back to its dtype (`dtypes`, in leaf order)."""
+    leaves = [a if a.dtype == d else jax.lax.bitcast_convert_type(a, d) for a, d in zip(jax.tree.leaves(tree), dtypes)]
+    return jax.tree.unflatten(jax.tree.structure(tree), leaves)
+
+
 def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
@@ -311,19 +329,22 @@ class Schedule:
         its weights), plus its gathered weights when they are kept."""
         kept = w if self.keep else None
         if self.recompute:
-            return self.units.block(name, w, x), (x, kept)
-        apply = lambda w, x: self.units.block(name, w, x)
-        y, residuals, treedef, slots = block_residuals(apply, REMAT_POLICIES[self.options.remat],
+            y, saved = self.units.block(name, w, x), x
+        else:
+            apply = lambda w, x: self.units.block(name, w, x)
+            y, saved, treedef, slots = block_residuals(apply, REMAT_POLICIES[self.options.remat],
                                                        self.as_compute(w), self.frozen(name), x)
-        # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
-        # first trace's pullback serves all of them (its residuals are all in `leaves`).
-        if structure.setdefault("vjp", (treedef, slots))[1] != slots:
-            raise AssertionError("a block's vjp residuals changed between traces")
-        return y, (residuals, kept)
+            # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
+            # first trace's pullback serves all of them (its residuals are all in `leaves`).
+            if structure.setdefault("vjp", (treedef, slots))[1] != slots:
+                raise AssertionError("a block's vjp residuals changed between traces")
+        structure.setdefault("saved", [a.dtype for a in jax.tree.leaves(saved)])
+        return y, (as_bits(saved), kept)
 
     def block_backward(self, name: str, structure: dict, send: Callable, dy, w, xs):
         """A block's input gradient, and its weight gradient sent on (reduce-scattered or not)."""
         (saved, _), shard = xs
+        saved = from_bits(saved, structure["saved"])
         if self.recompute:
             _, vjp = vjp_trained(lambda w, x: self.units.block(name, w, x), w, self.frozen(name), saved)
         else:
