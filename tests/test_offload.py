@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, SMALL, TINY
-from zerojax import accounting, config, offload, sharding, train
+from zerojax import accounting, config, fsdp, offload, sharding, train
 from zerojax import step as step_lib
 from zerojax.config import ConfigError
 
@@ -71,7 +71,8 @@ def test_offloaded_runs_match_the_device_run(stage, extra, tmp_path):
         assert set(jax.tree.leaves(master, is_leaf=lambda x: isinstance(x, tuple))) <= want
         if mode == "optimizer+master":  # the weights forward/backward read: the new master, in the gather dtype
             trained = sharding.trained(state.params, plan.frozen)
-            jax.tree.map(lambda w, m: np.testing.assert_array_equal(w, np.asarray(m, w.dtype)), state.weights, trained)
+            weights = fsdp.read_weights(state.weights, step.weights_dtype)
+            jax.tree.map(lambda w, m: np.testing.assert_array_equal(w, np.asarray(m, w.dtype)), weights, trained)
             assert {kind(w) for w in jax.tree.leaves(state.weights)} == {"device"}
         else:
             assert state.weights is None
@@ -126,11 +127,13 @@ def test_device_and_host_bytes_from_the_compiled_step(path, extra):
     assert opt["device_argument_bytes"] + opt["host_argument_bytes"] == none["argument_bytes"]
     for m in (opt, full):  # the donated host state comes back in place, on the host
         assert m["host_output_bytes"] == m["host_argument_bytes"] and accounting.peak_bytes(m) < accounting.peak_bytes(none)
-    if b_g == 4:  # transient: at most one unit's offloaded state more than on the device
-        for mode, per_param in (("optimizer", 2), ("optimizer+master", 3)):
-            assert measured[mode]["temp_bytes"] <= none["temp_bytes"] + unit_offloaded_bytes(step, per_param), mode
-    else:  # (not with bf16 weights on CPU, whose backend upcasts a whole stack of them to f32: BENCHMARKS.md)
+    if b_g == 2:
         assert full["device_argument_bytes"] < 0.55 * opt["device_argument_bytes"]
+    # Transient: at most one unit's offloaded state more than on the device. (With bf16 weights
+    # stored as bf16 rather than as their bits, XLA's CPU backend held one more whole stack of
+    # them upcast to f32: 440 KB over this bound on the default model.)
+    for mode, per_param in (("optimizer", 2), ("optimizer+master", 3)):
+        assert measured[mode]["temp_bytes"] <= none["temp_bytes"] + unit_offloaded_bytes(step, per_param), mode
 
 
 def test_a_checkpoint_moves_between_placements(tmp_path):

@@ -112,6 +112,7 @@ class UnitLayout:
         """One all_gather of the unit's flat buffer, in the gather dtype (int8 / float8_e4m3fn:
         the fp32 buffer quantized in blocks, gathered, and dequantized into the compute dtype;
         the backward's gradient is then taken at the dequantized weights: straight through)."""
+        shards = read_weights(shards, weights_dtype(policy))  # one layer's bits, if stored as bits
         if quant.is_quantized(policy.gather):
             return self.unpack(self.quantized_gather(shards, policy), shards, policy.compute)
         gathered = jax.lax.all_gather(self.pack(shards, policy.gather), DATA)
@@ -279,6 +280,24 @@ def from_bits(tree, dtypes):
     return jax.tree.unflatten(jax.tree.structure(tree), leaves)
 
 
+def weights_dtype(policy: Policy):
+    """The dtype of a device copy of the weights (zero.offload=optimizer+master): what is
+    gathered, or for a quantized gather the compute dtype it quantizes from."""
+    return policy.compute if quant.is_quantized(policy.gather) else policy.gather
+
+
+def stored_weights(tree, dtype):
+    """Weights as the state keeps them on the device: in `dtype`, a 2-byte float as its bits
+    (uint16, `as_bits`). The schedule reads them layer by layer (`read_weights`), so XLA's CPU
+    backend, which computes bf16 in f32, never converts a whole stack of them at once."""
+    return as_bits(jax.tree.map(lambda a: a.astype(dtype), tree))
+
+
+def read_weights(tree, dtype):
+    """`stored_weights` undone: uint16 leaves are the bits of `dtype`; others are as they are."""
+    return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, dtype) if a.dtype == jnp.uint16 else a, tree)
+
+
 def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
@@ -426,7 +445,7 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
             return master
         if stage.gather_per_step:  # one all_gather per unit group per step
             return by_group(plan.leaves, lambda lay, m: lay.gather(m, policy), master)
-        return jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(master))
+        return jax.tree.map(lambda x: x.astype(policy.gather), plan.unpad(read_weights(master, weights_dtype(policy))))
 
     def reduce(grads, master):
         """What is left to reduce at the end of the step (`master`: the trained leaves')."""

@@ -79,14 +79,15 @@ def _put(tree, piece, i):
 
 
 def streamed_update(elementwise: optax.GradientTransformation, offload: Offload, grads, state, params,
-                    finite, stacked: tuple[str, ...], weights=None):
+                    finite, stacked: tuple[str, ...], weights=None, weights_dtype=None):
     """The elementwise optimizer applied unit by unit: (new params, new state, new weights).
 
     `grads`, `params`: the trained leaves (nested dicts, master layout); `state`: the
     elementwise optimizer's state, whose copies of a parameter (dicts shaped like `params`)
     live on the host (and `params` too with `offload.master`); `stacked`: the stacks, updated
-    layer by layer. `weights`: with `offload.master`, the device copy of the trained weights (in
-    the gather dtype), rewritten in place from the new master (else None)."""
+    layer by layer. `weights`: with `offload.master`, the device copy of the trained weights in
+    `weights_dtype` (a 2-byte float kept as its bits, `fsdp.stored_weights`), rewritten in place
+    from the new master (else None)."""
     flat, treedef = jax.tree.flatten(state, is_leaf=lambda x: isinstance(x, dict))
     structure = jax.tree.structure(params)
     copies = [i for i, x in enumerate(flat) if isinstance(x, dict)]
@@ -114,7 +115,9 @@ def streamed_update(elementwise: optax.GradientTransformation, offload: Offload,
         return to_host(p) if offload.master else p
 
     def weights_of(p, like):
-        return jax.tree.map(lambda a, w: a.astype(w.dtype), p, like)
+        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
+        return jax.tree.map(lambda a, w: bits(a.astype(weights_dtype)) if w.dtype == jnp.uint16
+                            else a.astype(weights_dtype), p, like)
 
     pick = lambda tree, keys: {k: tree[k] for k in keys}
     moments = [flat[i] for i in copies]

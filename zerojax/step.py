@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from zerojax import fsdp, gspmd, quant
+from zerojax import fsdp, gspmd
 from zerojax import lora as lora_lib
 from zerojax import offload as offload_lib
 from zerojax import mesh as mesh_lib
@@ -132,23 +132,27 @@ class Step:
 
     @property
     def weights_dtype(self):
-        """The dtype of the device copy of offloaded master weights: what the gather sends (the
-        compute dtype for a quantized gather, which quantizes from it)."""
-        return self.policy.compute if quant.is_quantized(self.policy.gather) else self.policy.gather
+        """The dtype of the device copy of offloaded master weights (`fsdp.weights_dtype`)."""
+        return fsdp.weights_dtype(self.policy)
 
     def weights_of(self, params):
-        """The device copy of the trained leaves that `optimizer+master` keeps (else None)."""
+        """The device copy of the trained leaves that `optimizer+master` keeps (else None), as
+        `fsdp.stored_weights` keeps it (bf16 as its bits)."""
         if not self.offload.master:
             return None
         trained = offload_lib.to_device(sharding_lib.trained(params, self.plan.frozen))
-        return jax.tree.map(lambda x: x.astype(self.weights_dtype), trained)
+        return fsdp.stored_weights(trained, self.weights_dtype)
 
-    def forward_params(self, state: TrainState):
-        """What forward and backward (and eval, sampling) read: the master, or with the master on
-        the host, its device copy in the gather dtype beside the frozen leaves."""
+    def step_params(self, state: TrainState):
+        """What the train step's forward and backward read: the master, or with the master on
+        the host, its device copy (as stored) beside the frozen leaves."""
         if not self.offload.master:
             return state.params
         return sharding_lib.combine(state.weights, sharding_lib.frozen_part(state.params, self.plan.frozen))
+
+    def forward_params(self, state: TrainState):
+        """What eval and sampling read: `step_params` with the device copy's values."""
+        return fsdp.read_weights(self.step_params(state), self.weights_dtype)
 
 
 def make_step(cfg: Config, mesh: Mesh) -> Step:
@@ -243,7 +247,7 @@ def make_train_step(step: Step, abstract_state: TrainState | None = None):
         scale = state.loss_scale.scale
         # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
         # reduced or applied, and they come out of the step as they went in.
-        loss, grads = loss_and_grads(step.forward_params(state), batch_BS, scale)
+        loss, grads = loss_and_grads(step.step_params(state), batch_BS, scale)
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
@@ -279,7 +283,7 @@ def make_train_step(step: Step, abstract_state: TrainState | None = None):
             adam_state = opt_state
         trained, adam_state, weights = offload_lib.streamed_update(
             step.elementwise, step.offload, grads, adam_state, sharding_lib.trained(state.params, frozen),
-            finite, step.units.names, state.weights)
+            finite, step.units.names, state.weights, step.weights_dtype)
         opt_state = (opt_state[0], adam_state) if step.clip is not None else adam_state
         new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                                params=sharding_lib.combine(trained, sharding_lib.frozen_part(state.params, frozen)),
