@@ -25,6 +25,10 @@ def _session_cwd(tmp_path_factory):
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         mp.chdir(tmp_path_factory.mktemp("cwd"))
         mp.setenv("ZEROJAX_CACHE", str(tmp_path_factory.mktemp("cache")))  # tokenized corpora: not ~/.cache
+        # The subprocesses' compiled programs go to the suite's compilation cache too (jax reads
+        # these at startup): the 2-process runs of several tests compile the same steps.
+        mp.setenv("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
         yield
 
 
