@@ -46,10 +46,11 @@ def four_steps(overrides):
     return np.array(losses), state, setup.step
 
 
+# Stage 3 without LoRA: test_a_checkpoint_moves_between_placements (both values, grad_accum 2).
 @pytest.mark.parametrize("stage,extra", [
-    (1, []), (2, []), (3, []),
-    (3, ["optim.lora.rank=4", "mesh.replica=2", "mesh.data=4"]),  # frozen base, hybrid mesh
-], ids=["stage1", "stage2", "stage3", "stage3-lora-2x4"])
+    (1, []), (3, ["optim.lora.rank=4", "mesh.replica=2", "mesh.data=4"]),  # frozen base, hybrid mesh
+    (2, []),
+], ids=["stage1", "stage3-lora-2x4", "stage2"])
 def test_offloaded_runs_match_the_device_run(stage, extra, tmp_path):
     base = TINY + SMALL + ["model.n_layers=3", "train.grad_accum=2", f"zero.stage={stage}",
                            f"train.out_dir={tmp_path}", *extra]
@@ -137,11 +138,12 @@ def test_device_and_host_bytes_from_the_compiled_step(path, extra):
 
 
 def test_a_checkpoint_moves_between_placements(tmp_path):
-    """Saved with the master on the host, resumed on the device, saved, resumed with m and v on
-    the host: the losses continue as one uninterrupted run's (padded leaves: vocab 300, d 36)."""
-    base = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=2", "model.n_heads=2", "model.d_ff=72",
-            "model.seq_len=16", "train.global_batch=16", "train.log_every=1", "train.eval_every=0",
-            "zero.min_shard_size=64", "train.steps=6", "train.ckpt_every=2"]
+    """Stage 3, two microbatches: saved with the master on the host, resumed on the device, saved,
+    resumed with m and v on the host; the losses continue as one uninterrupted run's on the device
+    (rtol 1e-6; padded leaves: vocab 300, d 36)."""
+    base = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=3", "model.n_heads=2", "model.d_ff=72",
+            "model.seq_len=16", "train.global_batch=16", "train.grad_accum=2", "train.log_every=1",
+            "train.eval_every=0", "zero.min_shard_size=64", "train.steps=6", "train.ckpt_every=2", "zero.stage=3"]
 
     def run(out, *extra, stop_at=None):
         return train.run(config.load(overrides=base + [f"train.out_dir={out}", *extra]), show_progress=False,
