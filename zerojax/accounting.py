@@ -273,14 +273,15 @@ def transient_estimate(cfg, step, b_gather: int, b_reduce: int) -> dict:
 
     exit_grad = jax.grad(lambda w, x, batch: units.exit(w, x, batch)[0], argnums=(0, 1))
     last = units.names[-1]
-    work = max(compiled_temp(block_vjp(name), unit_params(step, name, compute), xs[name]) for name in units.names)
-    work += compiled_temp(exit_grad, unit_params(step, None, compute), xs[last], batch)
+    # One block's backward working set, or the loss's: XLA never holds both at once.
+    work = max([compiled_temp(block_vjp(name), unit_params(step, name, compute), xs[name]) for name in units.names]
+               + [compiled_temp(exit_grad, unit_params(step, None, compute), xs[last], batch)])
     saved = sum(depth[name] * saved_per_block(cfg, step, name, xs[name]) for name in units.names)
     keep_outer = 0 if cfg.zero.reshard_after_forward else unit_size(step, None)
     if quant.is_quantized(step.policy.gather):  # a unit arrives as bytes, then is dequantized
         b_gather += step.policy.compute.itemsize
     return {
-        "activations": saved + work,  # what the blocks keep, plus one block's and the loss's working set
+        "activations": saved + work,  # what the blocks keep, plus one block's or the loss's working set
         # in the backward: the unit and its prefetched successors (and, kept from the forward
         # with reshard_after_forward=false, the outer unit)
         "gathered_units": round(((1 + cfg.zero.prefetch) * layer + keep_outer) * b_gather),
