@@ -269,6 +269,21 @@ def test_module_and_console_script_agree(args, tmp_path):
     assert module.stdout if module.returncode == 0 else module.stderr.startswith("zerojax: error: ")
 
 
+def test_importing_every_zerojax_module_leaves_xla_flags_alone(tmp_path):
+    """XLA_FLAGS is set only by `--xla-preset` (mesh.apply_xla_preset), never as an import side
+    effect: a fresh interpreter without it imports every module and still has none."""
+    code = ("import importlib, os, pkgutil, zerojax\n"
+            "for m in pkgutil.walk_packages(zerojax.__path__, 'zerojax.'):\n"
+            "    if m.name != 'zerojax.__main__':\n"
+            "        importlib.import_module(m.name)\n"
+            "print(repr(os.environ.get('XLA_FLAGS')))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "None"
+
+
 def test_gpu_xla_preset_only_when_asked(tiny_overrides, tmp_path):
     assert "xla_gpu" not in os.environ.get("XLA_FLAGS", "")  # importing zerojax.cli (above) set nothing
     proc = zerojax("train", "--no-progress", "--xla-preset", "gpu", *tiny_overrides, cwd=tmp_path)

@@ -146,9 +146,14 @@ class UnitLayout:
         return jax.tree.unflatten(jax.tree.structure(shards), out)
 
 
-def _at(tree, i):
+def layer_at(tree, i):
     """Layer i of stacked leaves (i may be traced: a dynamic slice, not a copy of the stack)."""
     return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
+
+
+def layer_put(tree, piece, i):
+    """Stacked leaves with layer i replaced by `piece` (in place on a donated buffer)."""
+    return jax.tree.map(lambda a, p: jax.lax.dynamic_update_index_in_dim(a, p, i, 0), tree, piece)
 
 
 def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead: int, *, reverse: bool = False,
@@ -172,19 +177,19 @@ def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead:
     # The unit gathered k places ahead: k < L in this pass's order, then the reverse pass's.
     upcoming = lambda k: unit(k) if not wrap else jnp.where(k < L, unit(k), unit(2 * L - 1 - k))
     if queue is None:
-        queue = tuple(gather(_at(sources, unit(j))) for j in range(ahead))
-    out_shapes = jax.eval_shape(lambda c, w, e: step(c, w, e)[1], carry, queue[0] if queue else gather(_at(sources, 0)),
-                                _at(extras, 0))
+        queue = tuple(gather(layer_at(sources, unit(j))) for j in range(ahead))
+    out_shapes = jax.eval_shape(lambda c, w, e: step(c, w, e)[1], carry, queue[0] if queue else gather(layer_at(sources, 0)),
+                                layer_at(extras, 0))
     outs = jax.tree.map(lambda s: jnp.zeros((L,) + s.shape, s.dtype), out_shapes)
 
     def compute(state, weights, i):
         carry, outs = state
-        carry, out = step(carry, weights, _at(extras, i))
-        return carry, jax.tree.map(lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, i, 0), outs, out)
+        carry, out = step(carry, weights, layer_at(extras, i))
+        return carry, layer_put(outs, out, i)
 
     def body(state, j):
         state, queue = state
-        weights = gather(_at(sources, upcoming(j + ahead)))  # issued before this iteration's compute
+        weights = gather(layer_at(sources, upcoming(j + ahead)))  # issued before this iteration's compute
         if queue:
             weights, queue = queue[0], queue[1:] + (weights,)
         return (compute(state, weights, unit(j)), queue), None

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from zerojax.config import ConfigError
+from zerojax.fsdp import layer_at, layer_put, stored_weights
 
 HOST = "pinned_host"
 
@@ -70,14 +71,6 @@ def to_host(tree):
     return jax.device_put(tree, jax.memory.Space.Host)
 
 
-def _at(tree, i):
-    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
-
-
-def _put(tree, piece, i):
-    return jax.tree.map(lambda a, p: jax.lax.dynamic_update_index_in_dim(a, p, i, 0), tree, piece)
-
-
 def streamed_update(elementwise: optax.GradientTransformation, offload: Offload, grads, state, params,
                     finite, stacked: tuple[str, ...], weights=None, weights_dtype=None):
     """The elementwise optimizer applied unit by unit: (new params, new state, new weights).
@@ -114,11 +107,6 @@ def streamed_update(elementwise: optax.GradientTransformation, offload: Offload,
     def params_out(p):
         return to_host(p) if offload.master else p
 
-    def weights_of(p, like):
-        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
-        return jax.tree.map(lambda a, w: bits(a.astype(weights_dtype)) if w.dtype == jnp.uint16
-                            else a.astype(weights_dtype), p, like)
-
     pick = lambda tree, keys: {k: tree[k] for k in keys}
     moments = [flat[i] for i in copies]
     new_params, new_moments, new_weights, new_scalars = {}, [{} for _ in copies], {}, scalars
@@ -131,14 +119,15 @@ def streamed_update(elementwise: optax.GradientTransformation, offload: Offload,
         for out, x in zip(new_moments, to_host(m)):
             out.update(x)
         if offload.master:
-            new_weights.update(weights_of(p, pick(weights, outer)))
+            new_weights.update(stored_weights(p, weights_dtype))
 
     for name in [k for k in params if k in stacked]:
         def layer(i, carry, name=name):
             p_all, m_all, w_all, _ = carry
-            p, m, s = update(_at(grads[name], i), params_in(_at(p_all, i)), to_device(_at(m_all, i)), scalars)
-            w_all = _put(w_all, weights_of(p, _at(w_all, i)), i) if offload.master else w_all
-            return _put(p_all, params_out(p), i), _put(m_all, to_host(m), i), w_all, s
+            p, m, s = update(layer_at(grads[name], i), params_in(layer_at(p_all, i)), to_device(layer_at(m_all, i)),
+                             scalars)
+            w_all = layer_put(w_all, stored_weights(p, weights_dtype), i) if offload.master else w_all
+            return layer_put(p_all, params_out(p), i), layer_put(m_all, to_host(m), i), w_all, s
 
         w0 = weights[name] if offload.master else None
         p, m, w, new_scalars = jax.lax.fori_loop(
