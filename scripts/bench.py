@@ -49,15 +49,20 @@ import jax.numpy as jnp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's zerojax, installed or not (the GPU image has it not)
-from zerojax import accounting, config, mesh, quant  # noqa: E402
+from zerojax import config
+from zerojax.parallel import mesh
+from zerojax.schedules import quant
+from zerojax.analysis import formulas
+from zerojax.analysis import measure
+from zerojax.analysis import traced
 
 # ---------------------------------------------------------------------------------------------
 # The library, reached only through these few names: when zerojax's modules move, only this
 # section should have to follow them.
 
 load_config = config.load  # (path, overrides) -> Config; ValueError (ConfigError) on bad input
-count_params, peak_bytes = accounting.count_params, accounting.peak_bytes
-largest_fitting = accounting.largest_fitting  # `zerojax analyze --budget-gb`
+count_params, peak_bytes = measure.count_params, formulas.peak_bytes
+largest_fitting = measure.largest_fitting  # `zerojax analyze --budget-gb`
 apply_xla_preset = mesh.apply_xla_preset
 
 
@@ -75,21 +80,21 @@ class Setup:
 
 def compile_step(cfg):
     """Config -> (Setup, compiled step), nothing allocated."""
-    step, compiled = accounting.compile_step(cfg)
+    step, compiled = measure.compile_step(cfg)
     return Setup(cfg, step), compiled
 
 
 def stage_report(setup, compiled, params: int) -> dict:  # `zerojax analyze`'s row
-    return accounting.stage_report(setup.cfg, setup.step, compiled, params)
+    return measure.stage_report(setup.cfg, setup.step, compiled, params)
 
 
 def flops_per_token(cfg) -> float:  # the model's own count (GPT, Llama: PaLM's formula)
-    return accounting.model_flops_per_token(cfg)
+    return measure.model_flops_per_token(cfg)
 
 
-def make_step(cfg):
+def make_engine(cfg):
     """The Step of a config (mesh, plan, policy, units), nothing compiled."""
-    from zerojax.step import make_step as make
+    from zerojax.train.step import make_engine as make
 
     return make(cfg, mesh.make_mesh(cfg.mesh))
 
@@ -98,7 +103,7 @@ def abstract_params(setup):
     """The model's fp32 parameters as a nested dict of shapes (true shapes, no padding)."""
     from flax import nnx
 
-    from zerojax.step import abstract_model
+    from zerojax.train.model import abstract_model
 
     step = setup.step
     return nnx.to_pure_dict(nnx.state(abstract_model(step.model, step.policy, step.seed), nnx.Param))
@@ -106,14 +111,14 @@ def abstract_params(setup):
 
 def init_state(setup):
     """The real (allocated) train state of a compiled setup."""
-    from zerojax.step import init_state as init
+    from zerojax.train.state import init_state as init
 
     return init(setup.step)
 
 
 def batch_shape(cfg):
     """The global batch: int32 tokens [B, T+1]."""
-    from zerojax.step import batch_shape as shape
+    from zerojax.train.step import batch_shape as shape
 
     return shape(cfg)
 
@@ -126,7 +131,7 @@ def gathered_units(setup) -> list[tuple[int, int]]:
     """(elements, count) of the units a stage-3 step gathers: the outer unit, each stack's layers."""
     step = setup.step
     depth = lambda name: jax.tree.leaves(step.plan.leaves[name])[0].shape[0]
-    return [(accounting.unit_size(step, None), 1)] + [(accounting.unit_size(step, name), depth(name))
+    return [(traced.unit_size(step, None), 1)] + [(traced.unit_size(step, name), depth(name))
                                                       for name in step.units.names]
 
 
@@ -254,7 +259,7 @@ def quant_overhead(cfg, step_s: float, opts) -> dict:
     whole: on one device (N = 1) exactly the step's work, on N devices the dequantize exactly
     and the quantize N times over (each device quantizes only its 1/N). On one device the step
     itself gathers nothing (nothing is sharded), so this is the overhead to read there."""
-    setup = Setup(cfg, make_step(cfg))
+    setup = Setup(cfg, make_engine(cfg))
     policy, units = setup.step.policy, gathered_units(setup)
 
     def roundtrip(x_n):
@@ -612,7 +617,7 @@ def peer_step(cfg):
     import optax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    setup = Setup(cfg, make_step(cfg))
+    setup = Setup(cfg, make_engine(cfg))
     step, m, units = setup.step, setup.mesh, setup.step.units
     rows = mesh.batch_sharding(m)
     constrain = lambda x: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, rows), x)
@@ -670,12 +675,12 @@ def transient_rows(base_overrides, shapes) -> list[dict]:
             else:
                 zero = dataclasses.replace(cfg.zero, schedule=schedule, prefetch=prefetch or 0)
                 setup, compiled = compile_step(dataclasses.replace(cfg, zero=zero))
-            mem = accounting.measure_memory(compiled)
+            mem = measure.measure_memory(compiled)
             row = {"shape": shape, "params": count_params(cfg), "schedule": schedule, "prefetch": prefetch,
                    "temp_bytes": mem["temp_bytes"], "argument_bytes": mem["argument_bytes"]}
             if schedule == "shard_map" and prefetch == 0:  # the unit, as this backend gathers it
                 b_g = stage_report(setup, compiled, row["params"])["gather_bytes_per_element"]
-                unit = max(accounting.unit_size(setup.step, name) for name in setup.step.units.names)
+                unit = max(traced.unit_size(setup.step, name) for name in setup.step.units.names)
                 row.update(unit_elements=unit, gather_bytes_per_element=b_g)
             found.append(row)
             print(json.dumps(row), flush=True)

@@ -19,6 +19,10 @@ import resource
 import sys
 import time
 from pathlib import Path
+from zerojax.interop import hf
+from zerojax.interop import safetensors as safetensors_io
+from zerojax.train import checkpoint
+from zerojax.train import export as export_lib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,9 +38,8 @@ def peak() -> int:
 
 def largest(hf_dir: str) -> int:
     """Bytes of the checkpoint's largest tensor, in fp32."""
-    from zerojax import hf
 
-    return 4 * max(math.prod(s) for s in hf.Checkpoint.of_directory(hf_dir).shapes.values())
+    return 4 * max(math.prod(s) for s in safetensors_io.Checkpoint.of_directory(hf_dir).shapes.values())
 
 
 def setup_for(hf_dir: str, overrides: list[str], out_dir: str):
@@ -50,7 +53,6 @@ def setup_for(hf_dir: str, overrides: list[str], out_dir: str):
 def cmd_import(hf_dir: str, *overrides: str):
     import jax
 
-    from zerojax import hf
 
     setup = setup_for(hf_dir, list(overrides), "/tmp/bench_hf_unused")
     step = setup.step
@@ -63,7 +65,7 @@ def cmd_import(hf_dir: str, *overrides: str):
 
 
 def cmd_save(hf_dir: str, run_dir: str):
-    from zerojax import checkpoint, config, train
+    from zerojax import config, train
 
     setup = setup_for(hf_dir, [], run_dir)
     state = train.start_state(setup, None, None, None)
@@ -74,10 +76,9 @@ def cmd_save(hf_dir: str, run_dir: str):
 
 
 def cmd_export(run_dir: str, out: str, _flag: str, fmt: str):
-    from zerojax import checkpoint
 
     before, start = rss(), time.perf_counter()
-    done = checkpoint.export(Path(run_dir), Path(out), "float32", None, fmt)
+    done = export_lib.export(Path(run_dir), Path(out), "float32", None, fmt)
     seconds = time.perf_counter() - start
     report(f"export --format {fmt}", before, 0, done["largest_leaf_bytes"], seconds)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
+from zerojax.interop import hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from zerojax import hf  # noqa: E402
 
 
 def main(directory: str, out: str) -> None:

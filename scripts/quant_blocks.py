@@ -4,7 +4,7 @@
 
 For int8 at each `zero.quant_block` of `--blocks` with float32 and with bfloat16 scales, and for
 float8_e4m3fn at 2048 with float32 scales: the bytes one gathered element costs (b_g = 1 + scale bytes / block), the relative RMS error of
-the weights as stage 3's forward sees them (`fsdp.gathered_weights`: each unit's per-device flat
+the weights as stage 3's forward sees them (`explicit.gathered_weights`: each unit's per-device flat
 buffer quantized in blocks and dequantized) against the master, and the eval loss of the model
 at those weights next to the master's own. `--weights`: a `zerojax export` of a trained run
 (default: the initialisation).
@@ -24,15 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's zerojax
-from zerojax import config, fsdp, quant, train  # noqa: E402
-from zerojax import step as step_lib  # noqa: E402
+from zerojax import config, train
+from zerojax.schedules import quant
+from zerojax.schedules import explicit
+from zerojax.train import step as step_lib
 
 
 def measure(setup, master, exact_loss: float, fmt: str, block: int, scale: str) -> dict:
     step = setup.step
     policy = dataclasses.replace(step.policy, gather=jnp.dtype(fmt), quant_block=block, quant_scale=jnp.dtype(scale),
                                  compute=jnp.dtype(jnp.float32))
-    seen = fsdp.gathered_weights(step.mesh, step.plan, policy, step.units)(master)
+    seen = explicit.gathered_weights(step.mesh, step.plan, policy, step.units)(master)
     sharded = [p.dim is not None for p in jax.tree.leaves(step.plan.leaves)]  # small leaves are not gathered
     pairs = [(np.asarray(w), np.asarray(s)) for w, s, on in
              zip(jax.tree.leaves(step.plan.unpad(master)), jax.tree.leaves(seen), sharded) if on]

@@ -169,7 +169,7 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     from flax import nnx
 
     from zerojax.models import protocol
-    from zerojax.step import build_model
+    from zerojax.train.model import build_model
 
     cfg = bench.load_config(None, [*bench.DRY, *bench.LIKE_FOR_LIKE, "optim.warmup_steps=0"])  # lr > 0 at step 0
     setup, jitted, state, batch = bench.peer_step(cfg)

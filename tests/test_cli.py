@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from zerojax import cli
+from zerojax.train import checkpoint
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 
 def zerojax(*args, cwd):
@@ -151,14 +154,14 @@ def saved_run(tmp_path_factory):
     """A run directory of TINY's model with a checkpoint at step 3 of its initial state (saved
     without compiling a train step) and its metrics."""
     from conftest import TINY
-    from zerojax import checkpoint, config, mesh
-    from zerojax import step as step_lib
+    from zerojax import config
+    from zerojax.parallel import mesh
 
     out = tmp_path_factory.mktemp("saved") / "run"
     cfg = config.load(overrides=TINY + [f"train.out_dir={out}"])
-    step = step_lib.make_step(cfg, mesh.make_mesh(cfg.mesh))
+    step = step_lib.make_engine(cfg, mesh.make_mesh(cfg.mesh))
     mgr = checkpoint.manager(out, keep=1)
-    checkpoint.save(mgr, step.plan, step.mesh, step_lib.init_state(step), 3, config.to_dict(cfg))
+    checkpoint.save(mgr, step.plan, step.mesh, state_lib.init_state(step), 3, config.to_dict(cfg))
     mgr.wait_until_finished()
     mgr.close()
     config.dump(cfg, out / "config.yaml")

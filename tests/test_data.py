@@ -2,7 +2,8 @@ import jax
 import numpy as np
 import pytest
 
-from zerojax import data, mesh
+from zerojax import data
+from zerojax.parallel import mesh
 
 
 def test_stdlib_corpus_is_python_source():

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from zerojax import checkpoint, config, train
+from zerojax import config, train
+from zerojax.train import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from zerojax import accounting, config, train
+from zerojax import config, train
+from zerojax.analysis import hlo as hlo_lib
+from zerojax.analysis import measure
+from zerojax.analysis import traced
 
 TINY = ["model.d_model=32", "model.n_layers=3", "model.n_heads=2", "model.d_ff=64", "model.seq_len=16",
         "train.global_batch=32", "train.steps=4", "train.log_every=1", "train.eval_every=0", "zero.min_shard_size=64",
@@ -40,8 +43,8 @@ def within(measured, expected, tolerance=0.02):
 @pytest.mark.parametrize("shape", [[], SHAPE_3M], ids=["default", "3.3M"])
 def test_bytes_sent_match_the_theory(shape):
     cfg = config.load(overrides=shape)
-    doc = accounting.analyze(cfg)
-    keep = accounting.analyze(config.load(overrides=shape + ["zero.reshard_after_forward=false"]), (3,))
+    doc = measure.analyze(cfg)
+    keep = measure.analyze(config.load(overrides=shape + ["zero.reshard_after_forward=false"]), (3,))
     stages = {**doc["stages"], "3, reshard_after_forward=false": keep["stages"]["3"]}
     for name, m in stages.items():
         assert m["comm_dtypes"]["reduce-scatter" if name != "0" else "all-reduce"] == "f32"  # CPU: f32
@@ -63,9 +66,9 @@ def test_bytes_sent_match_the_theory(shape):
 def test_one_gather_per_unit_per_pass_inside_the_loops(prefetch):
     layers = 3
     cfg = config.load(overrides=[f"model.n_layers={layers}", f"zero.prefetch={prefetch}"])
-    _, compiled = accounting.compile_step(cfg)
+    _, compiled = measure.compile_step(cfg)
     hlo = compiled.as_text()
-    loops = [x for x in accounting.loop_collectives(hlo, 8) if x["per_iteration"]["all-gather"]]
+    loops = [x for x in hlo_lib.loop_collectives(hlo, 8) if x["per_iteration"]["all-gather"]]
     forward, backward = sorted(loops, key=lambda x: x["per_iteration"]["reduce-scatter"])
     # the forward's last `prefetch` iterations gather the backward's first units; the backward's
     # last `prefetch` units, already gathered, run after its loop
@@ -73,7 +76,7 @@ def test_one_gather_per_unit_per_pass_inside_the_loops(prefetch):
     for loop in (forward, backward):
         assert loop["per_iteration"]["all-gather"] == 1
     assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
-    comm = accounting.collective_bytes(hlo, 8)
+    comm = hlo_lib.collective_bytes(hlo, 8)
     # outside the loops: the embedding's gather, the head's (the tied embedding again) and the
     # forward's prefetch prologue
     assert comm["counts"]["all-gather"] == 2 * layers + 2
@@ -84,11 +87,11 @@ def test_one_gather_per_unit_per_pass_inside_the_loops(prefetch):
 def stacked_full_weights_in_loop_results(overrides):
     """Does any while loop carry or return every layer of the largest stacked weight, gathered
     (its true shape [L, ...], where the stored shards are [L, ..., n/8, ...])?"""
-    step, compiled = accounting.compile_step(config.load(overrides=["model.n_layers=3"] + overrides))
+    step, compiled = measure.compile_step(config.load(overrides=["model.n_layers=3"] + overrides))
     stacked = [leaf for name in step.units.names for leaf in jax.tree.leaves(step.plan.leaves[name])]
     largest = max(stacked, key=lambda leaf: math.prod(leaf.shape))
     shape = ",".join(map(str, largest.shape)) + "]"
-    return any(shape in results for results in accounting.parse_hlo(compiled.as_text(), 8).loop_results)
+    return any(shape in results for results in hlo_lib.parse_hlo(compiled.as_text(), 8).loop_results)
 
 
 @pytest.mark.parametrize("remat", ["none", "dots", "full"])
@@ -101,7 +104,7 @@ def test_no_gathered_weight_is_saved_for_the_backward(remat):
 
 def test_sends_less_than_gspmd_in_the_weight_gathering_regime():
     def stage3(*extra):
-        doc = accounting.analyze(config.load(overrides=SHAPE_3M + list(extra)), (3,))
+        doc = measure.analyze(config.load(overrides=SHAPE_3M + list(extra)), (3,))
         return doc, doc["stages"]["3"]
 
     doc, explicit = stage3("zero.schedule=shard_map")
@@ -122,7 +125,7 @@ def test_sends_less_than_gspmd_in_the_weight_gathering_regime():
 def test_remat_policies_trade_memory_in_the_explicit_schedule():
     temp, saved = {}, {}
     for remat in ("none", "dots", "full"):
-        doc = accounting.analyze(config.load(overrides=[f"model.remat={remat}"]), (3,))
+        doc = measure.analyze(config.load(overrides=[f"model.remat={remat}"]), (3,))
         temp[remat] = doc["stages"]["3"]["temp_bytes"]
         saved[remat] = doc["stages"]["3"]["transient_estimate"]["activations"]
     assert temp["none"] > temp["dots"] > temp["full"], temp
@@ -133,7 +136,7 @@ def test_regime_names_the_activation_moving_case():
     cfg = config.load(overrides=["model.d_model=512", "model.n_heads=8", "model.d_ff=4096", "model.n_layers=2",
                                  "model.seq_len=32", "train.global_batch=8"])
     setup = train.prepare(cfg)
-    regime = accounting.regime(cfg, setup.step)
+    regime = traced.regime(cfg, setup.step)
     assert regime["tokens_per_device"] == 32 and regime["regime"] == "activation-moving"
     assert "tensor parallelism" in regime["advice"]
 
@@ -146,7 +149,7 @@ def test_regime_names_the_activation_moving_case():
 ])
 def test_hlo_collective_parser(text, n, expected):
     hlo = f"ENTRY %main (a: f32[1]) -> f32[1] {{\n  %{text}\n}}\n"
-    assert sum(accounting.collective_bytes(hlo, n)["bytes"].values()) == pytest.approx(expected)
+    assert sum(hlo_lib.collective_bytes(hlo, n)["bytes"].values()) == pytest.approx(expected)
 
 
 def test_loops_multiply_by_their_trip_count():
@@ -157,7 +160,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   %w = (s32[], f32[4]) while((s32[], f32[4]) %t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
 }
 """
-    comm = accounting.collective_bytes(hlo, 8)
+    comm = hlo_lib.collective_bytes(hlo, 8)
     assert comm["counts"]["all-gather"] == 5 and comm["bytes"]["all-gather"] == 5 * 7 / 8 * 128
     assert comm["outside_loops"]["all-gather"] == 0
 
@@ -165,7 +168,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 def test_largest_model_that_fits_a_budget():
     cfg = config.load(overrides=TINY + ["train.global_batch=16"])
     budget_gb = 0.0025
-    doc = accounting.analyze(cfg, (0, 3), budget_gb=budget_gb)
+    doc = measure.analyze(cfg, (0, 3), budget_gb=budget_gb)
     fits = doc["fits"]["stages"]
     assert fits["0"] is not None and fits["3"] is not None
     for f in fits.values():

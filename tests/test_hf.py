@@ -11,8 +11,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import ROOT, run
-from zerojax import checkpoint, cli, config, hf, train
+from zerojax import cli, config, train
 from zerojax.models import cross_entropy
+from zerojax.interop import hf
+from zerojax.train import checkpoint
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 NAMES = ["llama-gqa", "llama-tied", "gpt2"]

@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 from conftest import ROOT, run
-from zerojax import accounting, config
+from zerojax import config
 from zerojax.models import Llama, llama
+from zerojax.analysis import measure
 
 TINY = ["model.family=llama", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
         "model.d_ff=48", "model.seq_len=16", "train.global_batch=32", "zero.min_shard_size=64", "train.steps=5",
@@ -92,14 +93,14 @@ def test_grouped_query_attention_shares_key_value_heads():
 @pytest.mark.parametrize("name, params", [("llama-1b", 1_235_814_400), ("llama3-8b", 8_030_261_248)])
 def test_planning_configs_have_the_published_parameter_counts(name, params):
     # Llama-3.2-1B and Llama-3-8B as Hugging Face counts them (tied / untied head).
-    assert accounting.count_params(config.load(ROOT / "configs" / f"{name}.yaml")) == params
+    assert measure.count_params(config.load(ROOT / "configs" / f"{name}.yaml")) == params
 
 
 def test_analyze_counts_llamas_own_parameters_and_bytes():
     # As shipped: configs/llama-tiny.yaml shards every matrix (only the norms' scales stay whole).
     cfg = config.load(ROOT / "configs" / "llama-tiny.yaml", ["train.global_batch=16"])
-    doc = accounting.analyze(cfg, (0, 3))
-    assert doc["params"] == accounting.count_params(config.load(ROOT / "configs" / "llama-tiny.yaml"))
+    doc = measure.analyze(cfg, (0, 3))
+    assert doc["params"] == measure.count_params(config.load(ROOT / "configs" / "llama-tiny.yaml"))
     for stage in ("0", "3"):
         m = doc["stages"][stage]
         assert abs(m["comm_bytes"] / m["comm_theory_bytes"] - 1) <= 0.02, (stage, m)  # DESIGN §2 for its own Ψ

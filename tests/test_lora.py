@@ -12,9 +12,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import ROOT, run
-from zerojax import accounting, cli, config, hf, train
-from zerojax.lora import is_adapter
-from zerojax.sharding import path_name
+from zerojax import cli, config, train
+from zerojax.optim.lora import is_adapter
+from zerojax.parallel.trees import path_name
+from zerojax.analysis import measure
+from zerojax.interop import hf
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 BASE = FIXTURES / "llama-gqa"
@@ -135,8 +137,8 @@ WIDE = ["model.d_model=1024", "model.n_heads=8", "model.n_kv_heads=4", "model.d_
 
 def compiled(*overrides):
     cfg = config.load(ROOT / "configs" / "llama-tiny.yaml", list(overrides))
-    step, program = accounting.compile_step(cfg)
-    return cfg, step, program, accounting.stage_report(cfg, step, program, accounting.count_params(cfg))
+    step, program = measure.compile_step(cfg)
+    return cfg, step, program, measure.stage_report(cfg, step, program, measure.count_params(cfg))
 
 
 def test_lora_sends_and_keeps_what_the_formulas_say():

@@ -3,11 +3,12 @@ import json
 import pytest
 
 from conftest import ROOT
-from zerojax import accounting, cli
+from zerojax import cli
+from zerojax.analysis import formulas
 
 
 def test_the_papers_numbers():
-    stages = accounting.memory_report(7.5e9, 64)["stages"]
+    stages = formulas.memory_report(7.5e9, 64)["stages"]
     assert [round(stages[s] / 1e9, 1) for s in "0123"] == [120.0, 31.4, 16.6, 1.9]
 
 
@@ -20,7 +21,7 @@ def test_the_papers_numbers():
     (100, 4, 8, [1200, 400 + 200, 200 + 250, 300]),
 ])
 def test_hand_computed_cases(params, devices, k, expected):
-    got = accounting.memory_report(params, devices, k)["stages"]
+    got = formulas.memory_report(params, devices, k)["stages"]
     assert [got[s] for s in "0123"] == pytest.approx(expected)
 
 
@@ -68,4 +69,4 @@ def test_cli_bad_input_exits_2(args, capsys):
     (1_315_819_520, 24, 2048, 2048, 9_102_876_672),
 ])
 def test_flops_per_token(params, layers, seq_len, d_model, expected):
-    assert accounting.flops_per_token(params, layers, seq_len, d_model) == expected
+    assert formulas.flops_per_token(params, layers, seq_len, d_model) == expected

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerojax.mesh import MeshConfig, mesh_shape, shape_note
+from zerojax.parallel.mesh import MeshConfig, mesh_shape, shape_note
 
 
 def shape(data=-1, replica=-1, devices=8, processes=1):

@@ -12,9 +12,16 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, SMALL, TINY
-from zerojax import accounting, config, fsdp, offload, sharding, train
-from zerojax import step as step_lib
-from zerojax.config import ConfigError
+from zerojax import config, train
+from zerojax.optim import offload
+from zerojax.errors import ConfigError
+from zerojax.analysis import formulas
+from zerojax.analysis import measure
+from zerojax.parallel import plan as plan_lib
+from zerojax.parallel import trees
+from zerojax.schedules import storage
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 MODES = ("none", "optimizer", "optimizer+master")
 HOST = "pinned_host"
@@ -28,7 +35,7 @@ def four_steps(overrides):
     """Losses and states of four steps, the second one poisoned (loss scale inf: skipped)."""
     setup = train.prepare(config.load(overrides=overrides))
     step = step_lib.make_train_step(setup.step)
-    state, losses = step_lib.init_state(setup.step), []
+    state, losses = state_lib.init_state(setup.step), []
     for i in range(4):
         batch = train.global_batch(setup, setup.corpus.train, 0, i)
         if i == 1:
@@ -64,15 +71,15 @@ def test_offloaded_runs_match_the_device_run(stage, extra, tmp_path):
             np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6, atol=1e-7)
         plan = step.plan
         # Every optimizer-state copy of a parameter lives on the host; counts stay on the device.
-        copies = sharding.map_like_params(state.opt_state, plan, lambda _, x: kind(x), lambda x: None)
+        copies = plan_lib.map_like_params(state.opt_state, plan, lambda _, x: kind(x), lambda x: None)
         assert set(jax.tree.leaves(copies)) == {HOST}
         assert len(jax.tree.leaves(copies)) == 2 * len(jax.tree.leaves(plan.trained_leaves))
         master = plan.map(lambda leaf, x: (leaf.frozen, kind(x)), state.params)
         want = {(True, "device"), (False, HOST if mode == "optimizer+master" else "device")}
         assert set(jax.tree.leaves(master, is_leaf=lambda x: isinstance(x, tuple))) <= want
         if mode == "optimizer+master":  # the weights forward/backward read: the new master, in the gather dtype
-            trained = sharding.trained(state.params, plan.frozen)
-            weights = fsdp.read_weights(state.weights, step.weights_dtype)
+            trained = trees.trained(state.params, plan.frozen)
+            weights = storage.read_weights(state.weights, step.weights_dtype)
             jax.tree.map(lambda w, m: np.testing.assert_array_equal(w, np.asarray(m, w.dtype)), weights, trained)
             assert {kind(w) for w in jax.tree.leaves(state.weights)} == {"device"}
         else:
@@ -110,10 +117,10 @@ def test_device_and_host_bytes_from_the_compiled_step(path, extra):
     measured, steps = {}, {}
     for mode in MODES:
         cfg = config.load(path, extra + ["zero.stage=3", f"zero.offload={mode}"])
-        steps[mode], compiled = accounting.compile_step(cfg)
-        measured[mode] = accounting.measure_memory(compiled)
+        steps[mode], compiled = measure.compile_step(cfg)
+        measured[mode] = measure.measure_memory(compiled)
     step = steps["none"]
-    psi_n = accounting.count_params(cfg) / step.plan.data_size
+    psi_n = measure.count_params(cfg) / step.plan.data_size
     small = step.plan.unsharded_bytes()  # replicated norms and biases (fp32)
     none, opt, full = measured["none"], measured["optimizer"], measured["optimizer+master"]
     assert none["host_argument_bytes"] == 0
@@ -127,7 +134,7 @@ def test_device_and_host_bytes_from_the_compiled_step(path, extra):
     assert full["host_argument_bytes"] == pytest.approx(offloaded_bytes(step, 3), rel=0.02)
     assert opt["device_argument_bytes"] + opt["host_argument_bytes"] == none["argument_bytes"]
     for m in (opt, full):  # the donated host state comes back in place, on the host
-        assert m["host_output_bytes"] == m["host_argument_bytes"] and accounting.peak_bytes(m) < accounting.peak_bytes(none)
+        assert m["host_output_bytes"] == m["host_argument_bytes"] and formulas.peak_bytes(m) < formulas.peak_bytes(none)
     if b_g == 2:
         assert full["device_argument_bytes"] < 0.55 * opt["device_argument_bytes"]
     # Transient: at most one unit's offloaded state more than on the device. (With bf16 weights
@@ -167,12 +174,12 @@ def test_memory_calculator_bills_both_placements():
     # 7.5B parameters on 64 devices, stage 3 (the paper's 1.9 GB): 16·Ψ/N = 1.875e9 bytes.
     # optimizer: m and v (8·Ψ/N = 0.9375e9) to the host; the device keeps 8·Ψ/N.
     # optimizer+master: all 12·Ψ/N = 1.40625e9 to the host; the device keeps 4·Ψ/N = 0.46875e9.
-    opt = accounting.memory_report(7.5e9, 64, offload="optimizer")
+    opt = formulas.memory_report(7.5e9, 64, offload="optimizer")
     assert opt["stages"]["3"] == 0.9375e9 and opt["host_stages"]["3"] == 0.9375e9
-    full = accounting.memory_report(7.5e9, 64, offload="optimizer+master")
+    full = formulas.memory_report(7.5e9, 64, offload="optimizer+master")
     assert full["stages"]["3"] == 0.46875e9 and full["host_stages"]["3"] == 1.40625e9
     # stage 1 keeps the 2 + 2 bytes of weights and gradients whole: 4·Ψ = 30e9 on the device.
-    assert full["stages"]["1"] == 30e9 and "host_stages" not in accounting.memory_report(7.5e9, 64)
+    assert full["stages"]["1"] == 30e9 and "host_stages" not in formulas.memory_report(7.5e9, 64)
 
 
 def test_offload_needs_the_shard_map_schedule_and_a_known_value():

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run
-from zerojax import checkpoint, cli, config, train
+from zerojax import cli, config, train
+from zerojax.train import checkpoint
 
 TESTS = ROOT / "tests"
 FAMILY = "model.family=twostack_model:build"

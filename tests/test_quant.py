@@ -13,12 +13,18 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import ROOT
-from zerojax import accounting, cli, config, fsdp, quant, train
+from zerojax import cli, config, train
+from zerojax.schedules import quant
 from zerojax import data as data_lib
-from zerojax import step as step_lib
-from zerojax.mesh import DATA
+from zerojax.parallel.mesh import DATA
 from zerojax.precision import Policy
-from zerojax.sharding import LeafPlan
+from zerojax.parallel.plan import LeafPlan
+from zerojax.analysis import hlo as hlo_lib
+from zerojax.analysis import measure
+from zerojax.schedules import explicit
+from zerojax.schedules.flat import UnitLayout
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 N = 8
 FORMATS = ("int8", "float8_e4m3fn")
@@ -29,7 +35,7 @@ def data_mesh():
 
 
 # ---------------------------------------------------------------------------------------------
-# One unit: two sharded leaves and a small one, gathered through fsdp.UnitLayout.
+# One unit: two sharded leaves and a small one, gathered through UnitLayout.
 
 # Each device's flat buffer holds its rows of `a` [64, 40] (320 elements) then of `b` [16, 8]
 # (16): 336 elements, cut into 4 blocks of 84, the last one straddling the two leaves.
@@ -58,9 +64,9 @@ def leaves_of(flat: np.ndarray) -> dict:
 
 
 def gather(flat: np.ndarray, fmt: str, block: int = BLOCK) -> np.ndarray:
-    """The unit gathered by fsdp.UnitLayout under the quantized policy, back as [N, 336]."""
+    """The unit gathered by UnitLayout under the quantized policy, back as [N, 336]."""
     policy = Policy(gather=jnp.dtype(fmt), quant_block=block)
-    layout = fsdp.UnitLayout(PLANS, False, N)
+    layout = UnitLayout(PLANS, False, N)
     specs = {"a": P(DATA), "b": P(DATA), "norm": P()}
     run = jax.jit(jax.shard_map(lambda shards: layout.gather(shards, policy), mesh=data_mesh(),
                                 in_specs=(specs,), out_specs=P(), check_vma=False))
@@ -138,7 +144,7 @@ def test_cpu_moves_an_fp8_typed_gather_as_f16_so_the_payload_travels_as_bytes():
     for fn, moved, per_element in ((typed, "f16", 2), (quantized, "s8", 1 + 4 / 2048)):
         hlo = jax.jit(jax.shard_map(fn, mesh=data_mesh(), in_specs=P(DATA), out_specs=P(), check_vma=False)
                       ).lower(x).compile().as_text()
-        comm = accounting.collective_bytes(hlo, N)
+        comm = hlo_lib.collective_bytes(hlo, N)
         assert comm["dtypes"]["all-gather"] == moved and comm["counts"]["all-gather"] == 1
         assert comm["bytes"]["all-gather"] == pytest.approx((N - 1) * 4096 * per_element)
 
@@ -161,7 +167,7 @@ def compiled(overrides: tuple):
 def run_steps(overrides, loaded=None):
     """(loss, grad norm) of each of STEPS train steps from `loaded` (or the init)."""
     setup, train_step = compiled(tuple(overrides))
-    state, out = step_lib.init_state(setup.step, loaded=loaded), []
+    state, out = state_lib.init_state(setup.step, loaded=loaded), []
     for i in range(STEPS):
         state, metrics = train_step(state, train.global_batch(setup, setup.corpus.train, data_lib.TRAIN, i))
         out.append((float(metrics["loss"]), float(metrics["grad_norm"])))
@@ -176,8 +182,8 @@ def test_step_at_the_master_is_the_unquantized_step_at_the_dequantized_weights(g
     quantized = TINY + [f"precision.gather={gather}", f"zero.stage={stage}", "zero.quant_block=64"]
     exact = TINY + [f"zero.stage={stage}"]
     step = compiled(tuple(quantized))[0].step
-    master = step_lib.init_state(step).params
-    seen = fsdp.gathered_weights(step.mesh, step.plan, step.policy, step.units)(master)
+    master = state_lib.init_state(step).params
+    seen = explicit.gathered_weights(step.mesh, step.plan, step.policy, step.units)(master)
     got, reference = run_steps(quantized), run_steps(exact, loaded=jax.device_get(seen))
     # First step: the same weights in the forward and the same (straight-through) gradient.
     np.testing.assert_allclose(got[0], reference[0], rtol=2e-6)
@@ -197,7 +203,7 @@ SHAPE_3M = ["model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.d
 @pytest.mark.parametrize("shape", [[], SHAPE_3M], ids=["default", "3.3M"])
 def test_stage3_int8_bytes_match_the_formula_and_halve_fp32s(shape):
     def stage3(gather):
-        return accounting.analyze(config.load(overrides=shape + [f"precision.gather={gather}"]), (3,))["stages"]["3"]
+        return measure.analyze(config.load(overrides=shape + [f"precision.gather={gather}"]), (3,))["stages"]["3"]
 
     int8, fp32 = stage3("int8"), stage3("float32")
     assert int8["comm_dtypes"]["all-gather"] == "s8" and fp32["comm_dtypes"]["all-gather"] == "f32"
@@ -234,6 +240,6 @@ def test_memory_and_analyze_accept_a_quantized_gather(capsys):
     assert cli.main(["memory", "--config", tiny, "precision.gather=int8", "--devices", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["params"] == 842_496
     cfg = config.load(overrides=["precision.gather=int8"])
-    assert accounting.supported_stages(cfg) == (1, 2, 3)  # analyze's default: stage 0 gathers nothing
+    assert measure.supported_stages(cfg) == (1, 2, 3)  # analyze's default: stage 0 gathers nothing
     assert cli.main(["analyze", "precision.gather=int8", "--stages", "0", "--json"]) == 2
     assert "zero.stage 0" in capsys.readouterr().err

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from zerojax import config, train
-from zerojax import step as step_lib
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 
 def losses(overrides, **kw):
@@ -49,7 +50,7 @@ def test_a_short_run_learns_and_writes_the_run_directory(tiny_overrides, tmp_pat
 
 def test_non_finite_gradients_skip_the_update(tiny_overrides):
     setup = train.prepare(config.load(overrides=tiny_overrides))
-    state = step_lib.init_state(setup.step)
+    state = state_lib.init_state(setup.step)
     poisoned = state._replace(params=jax.tree.map(lambda x: x.at[..., 0].set(jnp.inf) if x.ndim == 3 else x, state.params))
     before = jax.device_get(poisoned)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)

@@ -3,16 +3,21 @@
 import math
 
 import jax
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
-from zerojax import accounting, config, sharding, train
-from zerojax import step as step_lib
+from zerojax import config, train
 from zerojax.models import cross_entropy
 
 from conftest import SMALL, TINY, run
+from zerojax.analysis import measure
+from zerojax.parallel import plan as plan_lib
+from zerojax.parallel import trees
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def test_optimizer_equals_plain_optax_adamw(tmp_path):
     overrides = TINY + SMALL + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", "optim.clip_norm=0", "optim.schedule=constant",
                                 "optim.warmup_steps=0", "optim.weight_decay=0.1", f"train.out_dir={tmp_path}"]
     setup = train.prepare(config.load(overrides=overrides))
-    state = step_lib.init_state(setup.step)
+    state = state_lib.init_state(setup.step)
     step = step_lib.make_train_step(setup.step)
     batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
 
@@ -65,21 +70,21 @@ def test_optimizer_equals_plain_optax_adamw(tmp_path):
 def test_state_lives_in_the_plans_layout(stage, tmp_path):
     setup = train.prepare(config.load(overrides=TINY + SMALL + [f"zero.stage={stage}", f"train.out_dir={tmp_path}"]))
     plan, n = setup.step.plan, setup.mesh.shape["data"]
-    state = step_lib.init_state(setup.step)
+    state = state_lib.init_state(setup.step)
     step = step_lib.make_train_step(setup.step)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
 
     def check(state):
-        specs = jax.tree.leaves(plan.master_specs, is_leaf=lambda s: isinstance(s, sharding.P))
+        specs = jax.tree.leaves(plan.master_specs, is_leaf=lambda s: isinstance(s, P))
         assert [x.sharding.spec for x in jax.tree.leaves(state.params)] == specs
-        params = {sharding.path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
+        params = {trees.path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
         for x in params.values():
-            if x.sharding.spec != sharding.P():  # really 1/N of the leaf on each device
+            if x.sharding.spec != P():  # really 1/N of the leaf on each device
                 assert x.addressable_shards[0].data.size * n == x.size
         # Every Adam moment (found by its path, not by the code's own mapping) lies like its parameter.
         moments = 0
         for path, x in jax.tree_util.tree_leaves_with_path(state.opt_state):
-            name = sharding.path_name(path)
+            name = trees.path_name(path)
             owner = [k for k in params if name.endswith("/" + k) and x.shape == params[k].shape]
             if not owner:
                 assert x.ndim == 0, name  # only counts and scalars are not copies of a parameter
@@ -87,7 +92,7 @@ def test_state_lives_in_the_plans_layout(stage, tmp_path):
             assert x.sharding.spec == params[owner[0]].sharding.spec, name
             moments += 1
         assert moments == 2 * len(params)  # mu and nu of every parameter
-        sharded = [x for x in params.values() if x.sharding.spec != sharding.P()]
+        sharded = [x for x in params.values() if x.sharding.spec != P()]
         assert sum(x.nbytes for x in sharded) > 0.95 * sum(x.nbytes for x in params.values())
 
     check(state)  # after init
@@ -106,19 +111,19 @@ def test_clipping_uses_the_norm_of_the_whole_gradient(tmp_path):
 
 
 def test_the_plan():
-    assert sharding.choose_dim((4, 128, 384), 8, first=1) == (2, (4, 128, 384))  # largest divisible, not L
-    assert sharding.choose_dim((8, 36, 100), 8, first=1) == (2, (8, 36, 104))  # pad the largest
+    assert plan_lib.choose_dim((4, 128, 384), 8, first=1) == (2, (4, 128, 384))  # largest divisible, not L
+    assert plan_lib.choose_dim((8, 36, 100), 8, first=1) == (2, (8, 36, 104))  # pad the largest
     params = {"stack": {"w": jax.ShapeDtypeStruct((8, 16, 24), np.float32),
                         "ln": jax.ShapeDtypeStruct((8, 16), np.float32)},
               "table": jax.ShapeDtypeStruct((250, 64), np.float32)}
-    plan = sharding.make_plan(params, 3, 8, min_shard_size=200, stacked=("stack",))
+    plan = plan_lib.make_plan(params, 3, 8, min_shard_size=200, stacked=("stack",))
     assert plan.leaves["stack"]["w"].dim == 2 and plan.leaves["stack"]["ln"].dim is None  # 16 per layer < 200
     assert plan.leaves["table"].dim == 1 and plan.unsharded_bytes() == 8 * 16 * 4
-    assert plan.master_specs["stack"]["w"] == sharding.P(None, None, "data")
-    stage1 = sharding.make_plan(params, 1, 8, 200, ("stack",))
-    assert stage1.compute_specs["table"] == sharding.P() and stage1.grad_specs["table"] == sharding.P(None, "data")
-    assert sharding.make_plan(params, 2, 8, 200, ("stack",)).accum_specs["table"] == sharding.P(None, "data")
-    assert stage1.accum_specs["table"] == sharding.P()  # ZeRO-1 keeps full gradients
+    assert plan.master_specs["stack"]["w"] == P(None, None, "data")
+    stage1 = plan_lib.make_plan(params, 1, 8, 200, ("stack",))
+    assert stage1.compute_specs["table"] == P() and stage1.grad_specs["table"] == P(None, "data")
+    assert plan_lib.make_plan(params, 2, 8, 200, ("stack",)).accum_specs["table"] == P(None, "data")
+    assert stage1.accum_specs["table"] == P()  # ZeRO-1 keeps full gradients
 
 
 def test_measured_persistent_state_is_the_master_and_moments():
@@ -126,7 +131,7 @@ def test_measured_persistent_state_is_the_master_and_moments():
     # parameter: split over 8 devices from stage 1 on, small leaves whole), this device's rows
     # of the batch, and a few scalar counters; no 2-byte copy of the weights or the gradients.
     cfg = config.load(overrides=["train.global_batch=32"])
-    doc = accounting.analyze(cfg)
+    doc = measure.analyze(cfg)
     rows = doc["plan"]  # stage 3's, the last analyzed: the master layout of stages 1-3
     sharded = 3 * sum(r["master_bytes_per_device"] for r in rows)
     whole = 3 * sum(math.prod(r["stored"]) * 4 for r in rows)

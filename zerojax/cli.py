@@ -12,6 +12,9 @@ import logging
 import math
 import os
 import sys
+from zerojax.analysis import formulas
+from zerojax.analysis import measure
+from zerojax.train import export as export_lib
 
 
 class UsageError(Exception):
@@ -135,7 +138,7 @@ def positive_int(text: str) -> int:
 
 def xla_preset(args) -> None:
     if getattr(args, "xla_preset", None):
-        from zerojax.mesh import apply_xla_preset
+        from zerojax.parallel.mesh import apply_xla_preset
 
         print(f"zerojax: XLA preset {args.xla_preset}: {apply_xla_preset(args.xla_preset)}", file=sys.stderr)
 
@@ -149,7 +152,7 @@ def jax_process_index() -> int:
 def cmd_train(args) -> int:
     from zerojax import config, train
 
-    from zerojax import mesh
+    from zerojax.parallel import mesh
 
     xla_preset(args)
     cfg = config.load(args.config, args.overrides)
@@ -187,7 +190,7 @@ def cmd_train(args) -> int:
 def cmd_memory(args) -> int:
     import jax.numpy as jnp
 
-    from zerojax import accounting, config, report
+    from zerojax import config, report
 
     params, devices = args.params, args.devices
     if args.config is None and args.overrides:
@@ -200,7 +203,7 @@ def cmd_memory(args) -> int:
     if args.config is not None:
         cfg = config.load(args.config, args.overrides)
         offload = args.offload or cfg.zero.offload
-        params, trained = accounting.param_counts(cfg)
+        params, trained = measure.param_counts(cfg)
         frozen_bytes = jnp.dtype(cfg.precision.frozen).itemsize
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
@@ -210,18 +213,18 @@ def cmd_memory(args) -> int:
     if not 0 < frozen_bytes < math.inf:
         raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be a finite number > 0")
     params = int(params) if float(params).is_integer() else params
-    doc = accounting.memory_report(params, devices, args.k, trained, frozen_bytes, offload)
+    doc = formulas.memory_report(params, devices, args.k, trained, frozen_bytes, offload)
     report.emit(doc, args.json, report.memory_table)
     return 0
 
 
 def cmd_analyze(args) -> int:
-    from zerojax import accounting, config, report
+    from zerojax import config, report
 
     xla_preset(args)
     overrides = args.overrides + ([f"zero.schedule={args.schedule}"] if args.schedule else [])
-    cfg = config.load(args.config, overrides)  # bad input surfaces here and in make_step, before compiling
-    report.emit(accounting.analyze(cfg, args.stages, args.budget_gb), args.json, report.analyze_table)
+    cfg = config.load(args.config, overrides)  # bad input surfaces here and in make_engine, before compiling
+    report.emit(measure.analyze(cfg, args.stages, args.budget_gb), args.json, report.analyze_table)
     return 0
 
 
@@ -229,12 +232,11 @@ def cmd_export(args) -> int:
     import json
     from pathlib import Path
 
-    from zerojax import checkpoint
 
     out = Path(args.out)
     if args.format == "safetensors" and out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
-    done = checkpoint.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
+    done = export_lib.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
                              merge=args.merge)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
@@ -247,7 +249,7 @@ def cmd_report(args) -> int:
     from pathlib import Path
 
     from zerojax import report
-    from zerojax.config import ConfigError
+    from zerojax.errors import ConfigError
 
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -299,7 +301,7 @@ COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zerojax.config import ConfigError
+    from zerojax.errors import ConfigError
 
     logging.basicConfig(format="zerojax: %(levelname)s: %(message)s", level=logging.WARNING)
     logging.addLevelName(logging.WARNING, "warning")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.config import ConfigError, file_in_the_way
+from zerojax.errors import ConfigError
+from zerojax.config import file_in_the_way
 
 TRAIN, EVAL = 0, 1  # generator streams
 

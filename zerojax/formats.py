@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from zerojax.config import ConfigError
+from zerojax.errors import ConfigError
 
 FORMATS = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 LABELS = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16",

@@ -1,10 +1,24 @@
-"""Flax NNX models behind one unit protocol (`protocol.py`). They know nothing about meshes."""
+"""Flax NNX models behind one unit protocol (`protocol.py`). They know nothing about meshes.
 
-from zerojax.models import gpt, llama
-from zerojax.models.gpt import GPT
-from zerojax.models.llama import Llama
-from zerojax.models.protocol import ProtocolError, Units, cross_entropy
+    protocol.py   the unit protocol: STACKED, enter / between / exit, Units, forward
+    registry.py   model.family -> a family's module, or a factory of the user's
+    gpt.py        GPT-2's layout, llama.py  Llama's (and Mistral's): each with its HF layout
 
-FAMILIES = {"gpt": gpt.build, "llama": llama.build}  # model.family -> factory(cfg=, policy=, rngs=)
+Names are imported on first use, so `zerojax.models.registry` imports no jax.
+"""
 
-__all__ = ["FAMILIES", "GPT", "Llama", "ProtocolError", "Units", "cross_entropy"]
+import importlib
+
+_API = {"GPT": ("zerojax.models.gpt", "GPT"), "Llama": ("zerojax.models.llama", "Llama"),
+        "ProtocolError": ("zerojax.models.protocol", "ProtocolError"),
+        "Units": ("zerojax.models.protocol", "Units"),
+        "cross_entropy": ("zerojax.models.protocol", "cross_entropy"),
+        "FAMILIES": ("zerojax.models.registry", "FAMILIES")}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'zerojax.models' has no attribute {name!r}")
+    module, attr = _API[name]
+    return getattr(importlib.import_module(module), attr)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.models import protocol
+from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
 
@@ -137,7 +138,7 @@ class GPT(nnx.Module):
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D."""
         n_params = sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
         n_layers, d_model = self.blocks.ln1.scale.shape
-        return 6 * n_params + 12 * n_layers * seq_len * d_model
+        return palm_flops_per_token(n_params, n_layers, seq_len, d_model)
 
 
 def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:

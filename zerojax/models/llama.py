@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.models import protocol
+from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
 STD = 0.02  # HF's initializer_range
@@ -133,7 +134,7 @@ class Llama(nnx.Module):
         (D here the query width H·K, which is d_model)."""
         n_params = sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
         n_layers, d_model = self.layers.input_layernorm.scale.shape
-        return 6 * n_params + 12 * n_layers * seq_len * d_model
+        return palm_flops_per_token(n_params, n_layers, seq_len, d_model)
 
 
 def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Llama:

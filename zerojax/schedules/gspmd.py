@@ -14,14 +14,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-
-from zerojax import quant
-from zerojax.fsdp import StepOptions
-from zerojax.mesh import BATCH_AXES
+from zerojax.schedules import quant
+from zerojax.schedules.options import StepOptions
+from zerojax.parallel.mesh import BATCH_AXES
 from zerojax.models import protocol
 from zerojax.models.protocol import Units
 from zerojax.precision import Policy
-from zerojax.sharding import Plan, combine, constrain, frozen_part, microbatches, trained
+from zerojax.parallel.plan import Plan
+from zerojax.parallel.trees import combine, constrain, frozen_part, microbatches, trained
 
 
 def compute_view(master, mesh, plan: Plan, policy: Policy):

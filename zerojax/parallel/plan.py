@@ -28,49 +28,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-from zerojax.mesh import DATA
-
-
-@dataclass(frozen=True)
-class StageLayout:
-    master: bool  # fp32 master weights and the optimizer moments
-    grads: bool  # the gradient handed to the optimizer
-    accum: bool  # the gradient-accumulation buffer
-    compute: bool  # the params the forward/backward sees
-
-    # What the unit schedule does, read from the layout (stages are data, not code paths):
-    @property
-    def gather_per_unit(self) -> bool:
-        """Weights gathered unit by unit, in each pass (stage 3)."""
-        return self.compute
-
-    @property
-    def gather_per_step(self) -> bool:
-        """Sharded weights gathered whole once per step (stages 1, 2)."""
-        return self.master and not self.compute
-
-    @property
-    def scatter_per_unit(self) -> bool:
-        """Each unit's gradient reduce-scattered as soon as it exists (stages 2, 3)."""
-        return self.accum
-
-    @property
-    def scatter_per_step(self) -> bool:
-        """Full local gradients reduce-scattered once per step (stage 1)."""
-        return self.grads and not self.accum
-
-
-LAYOUTS = {
-    0: StageLayout(master=False, grads=False, accum=False, compute=False),
-    1: StageLayout(master=True, grads=True, accum=False, compute=False),
-    2: StageLayout(master=True, grads=True, accum=True, compute=False),
-    3: StageLayout(master=True, grads=True, accum=True, compute=True),
-}
+from jax.sharding import PartitionSpec as P
+from zerojax.parallel.mesh import DATA
+from zerojax.parallel.stages import LAYOUTS, StageLayout
+from zerojax.parallel.trees import path_name, trained
 
 
 @dataclass(frozen=True)
@@ -115,10 +78,6 @@ def choose_dim(shape: tuple[int, ...], n: int, first: int) -> tuple[int, tuple[i
             return d, shape
     d = dims[0]  # nothing divides: pad the largest dim
     return d, shape[:d] + (math.ceil(shape[d] / n) * n,) + shape[d + 1 :]
-
-
-def path_name(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 @dataclass(frozen=True)
@@ -220,49 +179,6 @@ def make_plan(abstract_params, stage: int, data_size: int, min_shard_size: int,
         return LeafPlan(name, shape, stored, dim, dtype, bool(is_frozen))
 
     return Plan(stage, data_size, jax.tree_util.tree_map_with_path(leaf_plan, abstract_params, frozen))
-
-
-def select(tree, mask, keep: bool = True):
-    """The leaves of nested-dict `tree` whose `mask` (a pytree of bools like it) is `keep`, as a
-    nested dict (dicts left empty dropped)."""
-    if not isinstance(tree, dict):
-        return tree if bool(mask) == keep else None
-    out = {k: select(v, mask[k], keep) for k, v in tree.items()}
-    return {k: v for k, v in out.items() if v is not None and not (isinstance(v, dict) and not v)}
-
-
-def trained(tree, frozen):
-    """The trained leaves of a nested-dict `tree` (frozen ones, and dicts left empty, dropped)."""
-    return select(tree, frozen, False)
-
-
-def frozen_part(tree, frozen):
-    """The frozen leaves of `tree`, as a nested dict."""
-    return select(tree, frozen, True)
-
-
-def combine(a: dict, b: dict) -> dict:
-    """Two disjoint nested dicts as one (the trained leaves and the frozen ones)."""
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = combine(out[k], v) if k in out else v
-    return out
-
-
-def microbatches(batch_BS: jax.Array, k: int) -> jax.Array:
-    """[k, B/k, S]: microbatch j takes rows j, j+k, j+2k, ...; each device's contiguous block of
-    rows splits evenly into the k microbatches, so no row moves between devices."""
-    B, S = batch_BS.shape
-    return batch_BS.reshape(B // k, k, S).swapaxes(0, 1)
-
-
-def named(mesh: Mesh, specs):
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
-
-
-def constrain(tree, mesh: Mesh, specs):
-    """with_sharding_constraint leaf by leaf: where XLA must place each value."""
-    return jax.lax.with_sharding_constraint(tree, named(mesh, specs))
 
 
 def map_like_params(tree, plan: Plan, fn, other=lambda x: x, stored: bool = True):

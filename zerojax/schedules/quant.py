@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-
 import jax
 import jax.numpy as jnp
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from zerojax.errors import ConfigError
+from zerojax.config import LoraConfig
+from zerojax.parallel.trees import path_name
 
-from zerojax.config import ConfigError, LoraConfig
-from zerojax.sharding import path_name
 
 ADAPTERS = ("lora_a", "lora_b")
 

@@ -17,25 +17,25 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from zerojax import checkpoint, hf
 from zerojax import config as config_lib
 from zerojax import data as data_lib
-from zerojax import mesh as mesh_lib
-from zerojax import sharding as sharding_lib
-from zerojax import step as step_lib
-from zerojax.config import Config, ConfigError
-from zerojax.sample import Progress, sample_text
+from zerojax.parallel import mesh as mesh_lib
+from zerojax.config import Config
+from zerojax.errors import ConfigError
+from zerojax.train.sample import Progress, sample_text
+from zerojax.interop import hf
+from zerojax.interop import peft
+from zerojax.parallel import trees
+from zerojax.train import checkpoint
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
+from zerojax.errors import TrainingError
+
 
 log = logging.getLogger("zerojax")
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. gradients stayed non-finite); what was written stays."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Setup:
     """A run: its config, its step, its data, and where it resumes from."""
 
     cfg: Config
-    step: step_lib.Step
+    step: step_lib.Engine
     corpus: data_lib.Corpus
     resume_step: int = 0  # the checkpoint this run continues from (0: a fresh start)
 
@@ -54,7 +54,7 @@ class Setup:
 
 def prepare(cfg: Config) -> Setup:
     check_run_dir(cfg)
-    step = step_lib.make_step(cfg, mesh_lib.make_mesh(cfg.mesh))
+    step = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
     corpus = data_lib.load_corpus(cfg.data.source, cfg.data.val_fraction, cfg.model.seq_len, cfg.data.tokenizer)
     if corpus.vocab_size > cfg.model.vocab_size:
         where = f"data.tokenizer={cfg.data.tokenizer!r}" if cfg.data.tokenizer else f"data.source={cfg.data.source!r}"
@@ -66,7 +66,7 @@ def prepare(cfg: Config) -> Setup:
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
     lora = cfg.optim.lora
     if lora.init_from:
-        hf.init_adapters(lora.init_from, step.plan, None, cfg.model.family, step.units.names,
+        peft.init_adapters(lora.init_from, step.plan, None, cfg.model.family, step.units.names,
                          dataclasses.asdict(lora), build=False)
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
@@ -129,10 +129,10 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     if cfg.model.init_from:  # built straight into the sharded master layout
         loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
     if cfg.optim.lora.init_from:  # adapters to continue from (the rest: init_from's, or initialised)
-        adapters = hf.init_adapters(cfg.optim.lora.init_from, step.plan, step.mesh, cfg.model.family,
+        adapters = peft.init_adapters(cfg.optim.lora.init_from, step.plan, step.mesh, cfg.model.family,
                                     step.units.names, dataclasses.asdict(cfg.optim.lora))
-        loaded = sharding_lib.combine(loaded or {}, adapters)
-    return step_lib.init_state(step, loaded=loaded)
+        loaded = trees.combine(loaded or {}, adapters)
+    return state_lib.init_state(step, loaded=loaded)
 
 
 def global_batch(setup: Setup, tokens: np.ndarray, stream: int, step: int) -> jax.Array:
@@ -157,9 +157,9 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
     `stop_at`: behave as if SIGTERM arrived during that step (checkpoint and return)."""
     setup = setup or prepare(cfg)
     out, start, step_def = cfg.run_dir, setup.resume_step, setup.step
-    abstract = step_lib.init_state(step_def, abstract=True)
+    abstract = state_lib.init_state(step_def, abstract=True)
     ckpt = checkpoint.manager(out, cfg.train.keep) if cfg.train.ckpt_every or start else None
-    state = start_state(setup, ckpt, abstract, step_lib.state_shardings(step_def, abstract))
+    state = start_state(setup, ckpt, abstract, state_lib.state_shardings(step_def, abstract))
     first = global_batch(setup, setup.corpus.train, data_lib.TRAIN, start)
     train_step = step_lib.make_train_step(step_def, abstract).lower(state, first).compile()  # compile before timing
     eval_step = step_lib.make_eval_step(step_def)
@@ -281,5 +281,3 @@ def _metrics_line(step: int, metrics: dict, tokens_per_sec: float) -> dict:
     return {"step": step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
             "lr": float(m["lr"]), "loss_scale": float(m["loss_scale"]), "skipped": bool(m["skipped"]),
             "tokens_per_sec": round(tokens_per_sec, 1)}
-
-

@@ -22,13 +22,13 @@ writes every piece back unchanged (a select per piece, not a `cond` around host 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import optax
+from zerojax.errors import ConfigError
+from zerojax.schedules.prefetch import layer_at, layer_put
+from zerojax.schedules.storage import stored_weights
 
-from zerojax.config import ConfigError
-from zerojax.fsdp import layer_at, layer_put, stored_weights
 
 HOST = "pinned_host"
 

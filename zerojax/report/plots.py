@@ -9,12 +9,12 @@ count them, and a reader can trust a kink in the curve.
 from __future__ import annotations
 
 import io
-
 import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
+
 
 STYLE = {
     "svg.fonttype": "none", "path.simplify": False, "font.size": 9, "axes.titlesize": 10,

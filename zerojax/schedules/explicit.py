@@ -42,166 +42,20 @@ psum over `replica` at the end.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-
-from zerojax import quant
-from zerojax.mesh import BATCH_AXES, DATA, REPLICA
+from zerojax.parallel.mesh import BATCH_AXES, DATA, REPLICA
 from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
-from zerojax.sharding import LeafPlan, Plan, combine, frozen_part, microbatches, trained
-
-
-@dataclass(frozen=True)
-class UnitLayout:
-    """How one unit's leaves map to one flat buffer (`layer`: per-layer slices of stacked leaves).
-
-    `reverse` packs the sharded leaves in the opposite order: the outer unit's second gather (for
-    `exit`) then differs from its first (for `enter`) as a value, and XLA cannot merge the two into
-    one gathered unit alive all step (its CPU pipeline drops optimization barriers before CSE)."""
-
-    plans: Any  # pytree of LeafPlan
-    layer: bool
-    n: int  # data-axis size
-    reverse: bool = False
-
-    def _sharded(self):
-        return [p for p in jax.tree.leaves(self.plans) if p.dim is not None]
-
-    def local_shape(self, p: LeafPlan) -> tuple[int, ...]:
-        stored = p.stored[1:] if self.layer else p.stored
-        d = self.dim(p)
-        return stored[:d] + (stored[d] // self.n,) + stored[d + 1 :]
-
-    def dim(self, p: LeafPlan) -> int:
-        return p.dim - 1 if self.layer else p.dim
-
-    def _offsets(self) -> list:
-        """Each leaf's offset in the flat buffer (None for a leaf that is not sharded)."""
-        plans = jax.tree.leaves(self.plans)
-        order = [i for i, p in enumerate(plans) if p.dim is not None]
-        offsets, at = [None] * len(plans), 0
-        for i in reversed(order) if self.reverse else order:
-            offsets[i], at = at, at + math.prod(self.local_shape(plans[i]))
-        return offsets
-
-    def pack(self, shards, dtype) -> jax.Array:
-        """The unit's sharded leaves, flattened into one local buffer [n]."""
-        flat = [(o, x.astype(dtype).ravel()) for x, o in zip(jax.tree.leaves(shards), self._offsets()) if o is not None]
-        return jnp.concatenate([x for _, x in sorted(flat, key=lambda t: t[0])]) if flat else jnp.zeros((0,), dtype)
-
-    def unpack(self, gathered_Nn: jax.Array, shards, dtype):
-        """Full (unpadded) leaves from the gathered buffer [N, n]; small leaves from `shards`."""
-        out = []
-        for x, p, offset in zip(jax.tree.leaves(shards), jax.tree.leaves(self.plans), self._offsets()):
-            if offset is None:
-                out.append(x.astype(dtype))
-                continue
-            shape, d = self.local_shape(p), self.dim(p)
-            piece = gathered_Nn[:, offset : offset + math.prod(shape)].reshape((self.n,) + shape)
-            full = jnp.moveaxis(piece, 0, d).reshape(shape[:d] + (self.n * shape[d],) + shape[d + 1 :])
-            out.append(p.unpad(full, self.layer))
-        return jax.tree.unflatten(jax.tree.structure(shards), out)
-
-    def gather(self, shards, policy: Policy):
-        """One all_gather of the unit's flat buffer, in the gather dtype (int8 / float8_e4m3fn:
-        the fp32 buffer quantized in blocks, gathered, and dequantized into the compute dtype;
-        the backward's gradient is then taken at the dequantized weights: straight through)."""
-        shards = read_weights(shards, weights_dtype(policy))  # one layer's bits, if stored as bits
-        if quant.is_quantized(policy.gather):
-            return self.unpack(self.quantized_gather(shards, policy), shards, policy.compute)
-        gathered = jax.lax.all_gather(self.pack(shards, policy.gather), DATA)
-        return self.unpack(gathered, shards, policy.gather)
-
-    def quantized_gather(self, shards, policy: Policy) -> jax.Array:
-        """The gathered buffer [N, n], dequantized (`zerojax.quant`: its blocks are cut from this
-        device's flat buffer, so they may straddle leaves, as ZeRO++'s do)."""
-        flat = self.pack(shards, jnp.float32)
-        return quant.all_gather(flat, DATA, policy.quant_block, policy.gather, policy.compute, policy.quant_scale)
-
-    def scatter(self, grads, shards, policy: Policy):
-        """The gather's transpose: one psum_scatter of the unit's gradient, in the reduce dtype.
-
-        Returns fp32 gradient shards laid out like `shards`; small leaves are psum'd. (The
-        layout of a unit's gradient holds its trained leaves only: nothing is sent for frozen ones.)"""
-        if not jax.tree.leaves(self.plans):
-            return {}
-        n_local = sum(math.prod(self.local_shape(p)) for p in self._sharded())
-        _, layout_t = jax.vjp(lambda g: self.unpack(g, shards, policy.reduce),
-                              jnp.zeros((self.n, n_local), policy.reduce))
-        grads_r = jax.tree.map(lambda g: g.astype(policy.reduce), grads)
-        (flat_Nn,) = layout_t(grads_r)
-        flat = jax.lax.psum_scatter(flat_Nn, DATA, scatter_dimension=0, tiled=False).astype(jnp.float32)
-        out = []
-        for g, x, offset in zip(jax.tree.leaves(grads_r), jax.tree.leaves(shards), self._offsets()):
-            if offset is None:
-                out.append(jax.lax.psum(g, DATA).astype(jnp.float32))
-                continue
-            out.append(flat[offset : offset + x.size].reshape(x.shape))
-        return jax.tree.unflatten(jax.tree.structure(shards), out)
-
-
-def layer_at(tree, i):
-    """Layer i of stacked leaves (i may be traced: a dynamic slice, not a copy of the stack)."""
-    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
-
-
-def layer_put(tree, piece, i):
-    """Stacked leaves with layer i replaced by `piece` (in place on a donated buffer)."""
-    return jax.tree.map(lambda a, p: jax.lax.dynamic_update_index_in_dim(a, p, i, 0), tree, piece)
-
-
-def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead: int, *, reverse: bool = False,
-                queue: tuple | None = None, wrap: bool = False):
-    """for each unit i (0..L-1, or L-1..0 when `reverse`): carry, out[i] = step(carry,
-    gather(sources[i]), extras[i]), the gather of the unit `ahead` places later in that order
-    issued before unit i computes (a queue of `ahead` gathered units carried through the scan).
-
-    `queue`: units already gathered for the first `ahead` places (else gathered here first).
-    `wrap`: the last `ahead` iterations go on gathering the first units of the reverse pass
-    (the backward after a forward) instead of idling; they are returned as its `queue`, so
-    one scan covers every unit. Without it the last `ahead` units, already gathered, run after
-    the scan.
-
-    Stacked inputs are read by index and the outputs written in place into [L, ...] buffers in
-    layer order, so nothing stacked is ever sliced, reversed or concatenated (each of those
-    would be a copy of the whole stack alive next to the units). Returns (carry, outs, queue)."""
-    L = jax.tree.leaves(sources)[0].shape[0]
-    ahead = min(ahead, L)
-    unit = (lambda j: L - 1 - j) if reverse else (lambda j: j)
-    # The unit gathered k places ahead: k < L in this pass's order, then the reverse pass's.
-    upcoming = lambda k: unit(k) if not wrap else jnp.where(k < L, unit(k), unit(2 * L - 1 - k))
-    if queue is None:
-        queue = tuple(gather(layer_at(sources, unit(j))) for j in range(ahead))
-    out_shapes = jax.eval_shape(lambda c, w, e: step(c, w, e)[1], carry, queue[0] if queue else gather(layer_at(sources, 0)),
-                                layer_at(extras, 0))
-    outs = jax.tree.map(lambda s: jnp.zeros((L,) + s.shape, s.dtype), out_shapes)
-
-    def compute(state, weights, i):
-        carry, outs = state
-        carry, out = step(carry, weights, layer_at(extras, i))
-        return carry, layer_put(outs, out, i)
-
-    def body(state, j):
-        state, queue = state
-        weights = gather(layer_at(sources, upcoming(j + ahead)))  # issued before this iteration's compute
-        if queue:
-            weights, queue = queue[0], queue[1:] + (weights,)
-        return (compute(state, weights, unit(j)), queue), None
-
-    state, steps = (carry, outs), L if wrap else L - ahead
-    if steps:
-        (state, queue), _ = jax.lax.scan(body, (state, queue), jnp.arange(steps))
-    if not wrap:
-        for j, weights in enumerate(queue):  # the last `ahead` units, already gathered
-            state = compute(state, weights, unit(L - ahead + j))
-        queue = ()
-    return (*state, queue)
+from zerojax.parallel.plan import Plan
+from zerojax.parallel.trees import combine, frozen_part, microbatches, trained
+from zerojax.schedules.flat import UnitLayout
+from zerojax.schedules.options import StepOptions
+from zerojax.schedules.prefetch import queued_scan
+from zerojax.schedules.storage import as_bits, from_bits, read_weights, weights_dtype
 
 
 def vjp_trained(fn: Callable, w, frozen, *args):
@@ -230,16 +84,6 @@ def block_residuals(apply_block: Callable, remat_policy: Callable, w, frozen, x_
 
 
 @dataclass(frozen=True)
-class StepOptions:
-    """What a schedule needs of the config beyond the plan and the policy."""
-
-    grad_accum: int = 1  # microbatches per step
-    remat: str = "full"  # model.remat: none | full | dots
-    prefetch: int = 1  # stage 3: units gathered ahead of the one computing
-    reshard_after_forward: bool = True  # stage 3: free the forward's gathered units
-
-
-@dataclass(frozen=True)
 class Exchange:
     """How one unit's weights reach its compute and how its gradient leaves, for the stage."""
 
@@ -265,42 +109,6 @@ class Tape(NamedTuple):
     enter_vjp: Callable
     glue_vjps: dict  # per stack after the first: the vjp of `between`
     queue: tuple  # units the forward already gathered for the backward (prefetch)
-
-
-def as_bits(tree):
-    """2-byte floats (bf16, f16) as their bits (uint16); other leaves as they are.
-
-    What the forward stores for the backward, stacked over a stack's layers, is kept like this.
-    XLA's CPU backend computes bf16 in f32: a stack of bf16 block inputs read layer by layer in
-    the backward's loop would be converted to f32 as a whole before the loop (twice its bytes,
-    alive through the backward). Read as bits, only the layer being read is converted. Exact
-    (a bitcast); on GPU and TPU a no-op."""
-    narrow = lambda a: a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating)
-    return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if narrow(a) else a, tree)
-
-
-def from_bits(tree, dtypes):
-    """as_bits undone: each leaf back to its dtype (`dtypes`, in leaf order)."""
-    leaves = [a if a.dtype == d else jax.lax.bitcast_convert_type(a, d) for a, d in zip(jax.tree.leaves(tree), dtypes)]
-    return jax.tree.unflatten(jax.tree.structure(tree), leaves)
-
-
-def weights_dtype(policy: Policy):
-    """The dtype of a device copy of the weights (zero.offload=optimizer+master): what is
-    gathered, or for a quantized gather the compute dtype it quantizes from."""
-    return policy.compute if quant.is_quantized(policy.gather) else policy.gather
-
-
-def stored_weights(tree, dtype):
-    """Weights as the state keeps them on the device: in `dtype`, a 2-byte float as its bits
-    (uint16, `as_bits`). The schedule reads them layer by layer (`read_weights`), so XLA's CPU
-    backend, which computes bf16 in f32, never converts a whole stack of them at once."""
-    return as_bits(jax.tree.map(lambda a: a.astype(dtype), tree))
-
-
-def read_weights(tree, dtype):
-    """`stored_weights` undone: uint16 leaves are the bits of `dtype`; others are as they are."""
-    return jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, dtype) if a.dtype == jnp.uint16 else a, tree)
 
 
 def _add(a, b):

@@ -1,29 +1,15 @@
-"""Human-readable renderings of the JSON documents the CLI prints with --json: rich tables for
-the terminal, and the self-contained HTML report page (`zerojax report`, and report.html at the
-end of `zerojax train`).
-"""
+"""Terminal output: `--json` documents or rich tables for memory, analyze and formats."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import html
-import importlib.resources
 import json
 import math
-import re
-import statistics
-from pathlib import Path
-
-import jax
-import yaml
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from zerojax import formats
+from zerojax.analysis import formulas
 
-from zerojax import __version__, accounting, formats
-from zerojax import config as config_lib
-from zerojax.config import ConfigError
 
 BAR_WIDTH = 24
 
@@ -65,12 +51,12 @@ def memory_table(doc: dict):
                          no_wrap=True)
     for stage, nbytes in stages.items():
         bar = "█" * max(1, round(BAR_WIDTH * nbytes / top)) if nbytes else ""
-        formula = accounting.FORMULAS[stage]
+        formula = formulas.FORMULAS[stage]
         if "trainable" in doc:  # Ψ_t pays the formula; the frozen rest is stored once
             formula = formula.replace("Ψ", "Ψt") + (" + b·Ψf/N" if stage == 3 else " + b·Ψf")
         if host:
             formula += " - host"
-        table.add_row(str(stage), accounting.ALIASES[stage], formula, human_bytes(nbytes),
+        table.add_row(str(stage), formulas.ALIASES[stage], formula, human_bytes(nbytes),
                       *((human_bytes(host[str(stage)]),) if host else ()), Text(bar, style="cyan"))
     yield table
 
@@ -201,163 +187,3 @@ def analyze_table(doc: dict):
     yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, and "
            "the batch), from XLA's memory_analysis(); formula: DESIGN §2 with 2-byte params/grads, K = 12. "
            "Collective bytes are counted in the dtype XLA moves (the CPU backend moves bf16 as f32).")
-
-
-# ---------------------------------------------------------------------------------------------
-# The HTML page: one file with its CSS, script, data and charts inline (no network, no CDN).
-
-PAGE = importlib.resources.files("zerojax") / "page"
-ANALYSIS = "analyze.json"  # in a run directory: `zerojax analyze --json` of the run's config
-EXAMPLES = ("0.1", "70000", "0.000001", "3.14159", "65504", "448", "1.0001")
-PAPER = {"psi": "7.5B", "devices": 64, "k": 12}  # the ZeRO paper's example: 120 GB down to 1.9 GB
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """What the page shows of one run directory."""
-
-    path: Path
-    metrics: list  # the lines of metrics.jsonl
-    config: dict  # config.yaml as the run wrote it ({} if absent)
-    analysis: dict | None  # the `zerojax analyze --json` document of its config, when known
-
-
-def read_run(path: Path) -> Run:
-    """A run directory: its metrics, its config and its analyze.json if there is one. A path
-    that is not a run directory is bad input (ConfigError)."""
-    metrics_file = path / "metrics.jsonl"
-    if not path.is_dir():
-        raise ConfigError(f"RUN_DIR {str(path)!r} does not exist; give a directory `zerojax train` wrote "
-                          "(its train.out_dir, e.g. runs/tiny)")
-    if not metrics_file.is_file():
-        raise ConfigError(f"RUN_DIR {str(path)!r} holds no metrics.jsonl; give a directory `zerojax train` wrote "
-                          "(its train.out_dir, e.g. runs/tiny)")
-    metrics = []
-    for number, line in enumerate(metrics_file.read_text().splitlines(), 1):
-        try:
-            metrics += [json.loads(line)] if line.strip() else []
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{metrics_file} line {number} is not JSON ({err})") from None
-    config_file, analysis_file = path / "config.yaml", path / ANALYSIS
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-    analysis = json.loads(analysis_file.read_text()) if analysis_file.is_file() else None
-    return Run(path, metrics, config or {}, analysis)
-
-
-def analyze_run(run: Run) -> Run:
-    """`run` with its analysis: every stage's step compiled from its config.yaml (tens of seconds
-    on a CPU), kept in RUN_DIR/analyze.json for the next page."""
-    doc = accounting.analyze(config_lib.load(run.path / "config.yaml"))
-    (run.path / ANALYSIS).write_text(json.dumps(doc, allow_nan=False))
-    return dataclasses.replace(run, analysis=doc)
-
-
-def write_page(runs: list[Run], out: Path) -> int:
-    """Write the page to `out` (whole or not at all: written beside it, then renamed); its size."""
-    text = page(runs)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(out)
-    return len(text.encode("utf-8"))
-
-
-def page(runs: list[Run]) -> str:
-    """The HTML page: the format explorer and the memory calculator, and for runs, the bars
-    `zerojax analyze` measured for their configs and their curves."""
-    labels = run_labels(runs)
-    data = {"formats": [{"name": n, "label": formats.LABELS[n], **format_layout(n)} for n in formats.FORMATS],
-            "paper": PAPER}
-    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    about = f"runs: {', '.join(labels)}" if runs else "no run: the explorer and the calculator only"
-    parts = {
-        "title": html.escape("zerojax report" + (f": {', '.join(labels)}" if runs else "")),
-        "subtitle": html.escape(f"Made {now} by zerojax {__version__} (jax {jax.__version__}); {about}"),
-        "css": (PAGE / "report.css").read_text(),
-        "js": (PAGE / "report.js").read_text(),
-        "data": json.dumps(data).replace("</", "<\\/"),  # never ends the <script> it sits in
-        "examples": "".join(f'<button type="button" data-value="{v}">{v}</button>' for v in EXAMPLES),
-        "psi": PAPER["psi"], "devices": str(PAPER["devices"]), "k": str(PAPER["k"]),
-        "stages": "\n".join(stage_row(s) for s in accounting.STAGES),
-        "measured": measured_section(runs, labels),
-        "runs": runs_section(runs, labels) if runs else "",
-        "footer": "Everything on this page is in this one file: it opens from disk, offline. Charts: matplotlib "
-                  "(SVG). Source of the numbers: metrics.jsonl, config.yaml and analyze.json of each run directory.",
-    }
-    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], (PAGE / "report.html").read_text())
-
-
-def format_layout(name: str) -> dict:
-    """What the page's script needs to round into format `name` as ml_dtypes does."""
-    f = formats.info(name)
-    return {"exponent_bits": f.exponent_bits, "mantissa_bits": f.mantissa_bits, "max": f.max,
-            "has_inf": f.has_inf, "via_float32": formats.rounds_via_float32(name)}
-
-
-def stage_row(stage: int) -> str:
-    return (f'<div class="stage-row"><div class="stage-name">stage {stage}<small>{accounting.ALIASES[stage]}</small>'
-            f'</div><div class="formula">{accounting.FORMULAS[stage]}</div>'
-            f'<div class="bar" data-stage="{stage}"><span class="fill"></span><span class="gb"></span></div></div>')
-
-
-def run_labels(runs: list[Run]) -> list[str]:
-    """Each run's directory name, or its whole path where two names are the same."""
-    names = [run.path.resolve().name for run in runs]
-    return names if len(set(names)) == len(names) else [str(run.path) for run in runs]
-
-
-def measured_section(runs: list[Run], labels: list[str]) -> str:
-    if not runs:
-        return ""
-    from zerojax import plots  # matplotlib, imported only to draw: it would add ~0.6 s to every command
-    out = ['<h3>Measured: the compiled step of each stage, next to the formula</h3>']
-    for i, (run, label) in enumerate(zip(runs, labels)):
-        doc = run.analysis
-        if doc is None:
-            out.append(f'<p class="note"><b>{html.escape(label)}</b>: no {ANALYSIS} in {html.escape(str(run.path))} '
-                       f'yet. <code>zerojax report {html.escape(str(run.path))}</code> compiles every stage of its '
-                       'config and keeps the result there.</p>')
-            continue
-        caption = (f"<b>{html.escape(label)}</b>: Ψ = {doc['params']:,} parameters, N = {doc['devices']} devices on "
-                   f"the data axis, schedule {html.escape(str(doc.get('schedule')))}; XLA's memory_analysis() and the "
-                   f"collectives of the optimized HLO, from {html.escape(str(run.path / ANALYSIS))}")
-        out.append(f'<figure class="measured" data-run="{i}"><figcaption>{caption}</figcaption>'
-                   f'{plots.analyze_bars(doc, f"analyze-{i}")}</figure>')
-    return "\n".join(out)
-
-
-def runs_section(runs: list[Run], labels: list[str]) -> str:
-    from zerojax import plots
-
-    rows = "\n".join(run_row(run, label, plots.COLORS[i % len(plots.COLORS)])
-                     for i, (run, label) in enumerate(zip(runs, labels)))
-    svgs = plots.curves([(label, run.metrics) for run, label in zip(runs, labels)])
-    figures = "\n".join(f'<figure data-plot="{key}">{svg}</figure>' for key, svg in svgs.items())
-    head = "".join(f"<th>{h}</th>" for h in ("run", "model", "stage · schedule", "precision", "steps",
-                                              "final loss", "final eval loss", "tokens/s (median)"))
-    return (f'<section id="runs">\n<h2>Runs</h2>\n<p class="lead">What each run logged in its metrics.jsonl; '
-            f'several runs are overlaid, one colour each.</p>\n<table class="runs"><thead><tr>{head}</tr></thead>'
-            f'<tbody>\n{rows}\n</tbody></table>\n<div class="plots">\n{figures}\n</div>\n</section>')
-
-
-def run_row(run: Run, label: str, color: str) -> str:
-    cfg, lines = run.config, run.metrics
-    model, zero, precision = cfg.get("model", {}), cfg.get("zero", {}), cfg.get("precision", {})
-    last = lines[-1] if lines else {}
-    evals = [x["eval_loss"] for x in lines if "eval_loss" in x]
-    speeds = [x["tokens_per_sec"] for x in lines if "tokens_per_sec" in x]
-    offload = zero.get("offload", "none")
-    cells = [
-        f'<span class="swatch" style="background:{color}"></span>{html.escape(label)}',
-        html.escape(f"{model.get('family', '?')}, d_model {model.get('d_model', '?')}, {model.get('n_layers', '?')} "
-                    f"layers" + (f", Ψ = {run.analysis['params']:,}" if run.analysis else "")),
-        html.escape(f"{zero.get('stage', '?')} · {zero.get('schedule', '?')}"
-                    + (f" · offload {offload}" if offload != "none" else "")),
-        html.escape(f"compute {precision.get('compute', '?')}, gather {precision.get('gather', '?')}"),
-    ]
-    numbers = [str(last.get("step", "–")), _fixed(last.get("loss")), _fixed(evals[-1] if evals else None),
-               f"{statistics.median(speeds):,.0f}" if speeds else "–"]
-    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "".join(f'<td class="num">{n}</td>' for n in numbers) + "</tr>"
-
-
-def _fixed(x) -> str:
-    return "–" if x is None else f"{x:.4f}"

@@ -12,12 +12,12 @@ gradient (XLA adds the cross-device sum).
 from __future__ import annotations
 
 import fnmatch
-
 import jax
 import optax
+from zerojax.errors import ConfigError
+from zerojax.config import OptimConfig
+from zerojax.parallel.trees import path_name
 
-from zerojax.config import ConfigError, OptimConfig
-from zerojax.sharding import path_name
 
 NO_DECAY = ("bias", "scale")
 

@@ -1,0 +1,15 @@
+"""The run configuration (docs/design.md §5): typed sections, YAML and KEY=VALUE loading, and the
+rules between keys. Importing it imports no jax.
+
+    sections.py   one frozen dataclass per YAML section, each checking itself
+    rules.py      the enumerations (the CLI's choices) and every rule between keys, once
+    load.py       defaults <- YAML <- KEY=VALUE, with suggestions for unknown keys
+    values.py     parsing a YAML or command-line value to a field's type
+"""
+
+from zerojax.config.huggingface import *  # noqa: F401,F403
+from zerojax.config.load import *  # noqa: F401,F403
+from zerojax.config.rules import *  # noqa: F401,F403
+from zerojax.config.sections import *  # noqa: F401,F403
+from zerojax.config.values import coerce  # noqa: F401
+from zerojax.errors import ConfigError  # noqa: F401

@@ -1,0 +1,266 @@
+"""Typed run configuration: one frozen dataclass per YAML section (docs/design.md §5).
+
+The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them out). A YAML
+file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are
+parsed to the field's type. Every section checks itself in `__post_init__`; checks that need
+the mesh (batch divisibility) live where the mesh is known (`train.prepare`). Bad input, here and
+everywhere else in zerojax, is a `ConfigError` whose message names the key (or path), the value
+and what would be valid; the CLI turns it into one `zerojax: error:` line and exit code 2. Any
+other exception (a bug, in zerojax or in a user's model) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from zerojax.config.rules import BUILTIN_FAMILIES, DTYPE_ALIASES, FLOAT32_MAX, OFFLOADS, QUANTIZED_GATHERS, _at_least, _choice, _finite, _largest_divisor
+from zerojax.config.rules import DTYPES
+from zerojax.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    family: str = "gpt"  # gpt | llama | module:factory (a model of your own, README "Bring your own model")
+    vocab_size: int = 256  # tokens; 256 for the byte-level corpora
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
+    n_heads: int = 4  # attention heads; must divide d_model
+    n_kv_heads: int = 0  # llama: key/value heads (grouped-query attention); 0 = n_heads
+    d_ff: int = 512  # hidden width of the MLP (llama: SwiGLU's intermediate size)
+    seq_len: int = 128  # context length in tokens
+    rope_theta: float = 10000.0  # llama: rotary embedding base
+    norm_eps: float = 1e-5  # epsilon of the norms (llama: RMSNorm, gpt: LayerNorm)
+    remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
+    tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false)
+    init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
+
+    def __post_init__(self):
+        if self.family not in BUILTIN_FAMILIES and ":" not in self.family:
+            raise ConfigError(f"model.family={self.family!r} is not valid; choose one of "
+                              f"{', '.join(BUILTIN_FAMILIES)}, or module:factory for a model of your own")
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"):
+            _at_least(f"model.{key}", getattr(self, key), 1)
+        _at_least("model.n_kv_heads", self.n_kv_heads, 0)
+        for key in ("rope_theta", "norm_eps"):
+            _finite(f"model.{key}", getattr(self, key), 0, above=True)
+        _choice("model.remat", self.remat, ("none", "full", "dots"))
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}; "
+                f"try model.n_heads={_largest_divisor(self.d_model, self.n_heads)}"
+            )
+        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
+                              f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
+        if self.family == "gpt" and self.n_kv_heads not in (0, self.n_heads):
+            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads}: grouped-query attention is llama's; gpt has one "
+                              "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")
+        if self.family == "llama" and (self.d_model // self.n_heads) % 2:
+            even = [h for h in range(self.n_heads, 0, -1) if self.d_model % h == 0 and self.d_model // h % 2 == 0]
+            fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
+            raise ConfigError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = "
+                              f"{self.d_model // self.n_heads}: llama's rotary embedding needs an even head "
+                              f"dimension; {fix}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
+
+    def __post_init__(self):
+        if self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy"):
+            raise ConfigError(
+                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
+                "or a .bin/.npy token file"
+            )
+        if self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt":
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
+                              f"data.source={self.source!r} already holds tokens")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    data: int = -1  # devices on the ZeRO (sharding) axis; -1 = all remaining devices
+    replica: int = -1  # replicas of the sharded group (hybrid sharding); -1 = one per process
+    cpu_devices: int = 8  # devices simulated on a CPU backend
+    distributed: str = "auto"  # auto: jax.distributed when a cluster is detected | off
+    timeout_s: int = 300  # joining the other processes, and noticing one has died
+
+    def __post_init__(self):
+        for key in ("data", "replica"):
+            if getattr(self, key) != -1 and not getattr(self, key) >= 1:
+                raise ConfigError(f"mesh.{key}={getattr(self, key)} is not valid; it must be >= 1, or -1 to fill "
+                                  "the devices the other axis leaves")
+        _at_least("mesh.cpu_devices", self.cpu_devices, 1)
+        _choice("mesh.distributed", self.distributed, ("auto", "off"))
+        _at_least("mesh.timeout_s", self.timeout_s, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroConfig:
+    stage: int = 3  # ZeRO stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters
+    schedule: str = "shard_map"  # shard_map (explicit FSDP unit schedule) | gspmd (annotations only)
+    reshard_after_forward: bool = True  # stage 3: free gathered weights after forward
+    prefetch: int = 1  # units gathered ahead of the one computing
+    min_shard_size: int = 16384  # parameters with fewer elements (per layer) stay replicated
+    quant_block: int = 2048  # precision.gather=int8|float8_e4m3fn: elements per fp32 scale (0.2% more bytes)
+    offload: str = "none"  # none | optimizer (Adam m, v in pinned host memory) | optimizer+master (and the fp32 master)
+
+    def __post_init__(self):
+        _choice("zero.stage", self.stage, (0, 1, 2, 3))
+        _choice("zero.schedule", self.schedule, ("shard_map", "gspmd"))
+        _at_least("zero.prefetch", self.prefetch, 0)
+        _at_least("zero.min_shard_size", self.min_shard_size, 0)
+        _at_least("zero.quant_block", self.quant_block, 1)
+        _choice("zero.offload", self.offload, OFFLOADS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionConfig:
+    param: str = "float32"  # master weights
+    compute: str = "auto"  # auto: bfloat16 on GPU/TPU, float32 on CPU (bf16 is emulated there)
+    gather: str = "auto"  # dtype weights are all-gathered in; auto = compute; int8 | float8_e4m3fn: block-quantized
+    reduce: str = "float32"  # dtype gradients are reduced in
+    loss_scale: str | float = "dynamic"  # dynamic (applied to fp16 compute only) | none | a static scale
+    initial_scale_power: int = 16  # dynamic scaling starts at 2**this
+    loss_scale_window: int = 1000  # finite steps before the scale doubles
+    hysteresis: int = 2  # overflows tolerated before the scale halves
+    min_loss_scale: float = 1.0  # the scale never drops below this
+    max_skipped_steps: int = 10  # consecutive non-finite steps before the run stops
+    frozen: str = "bfloat16"  # how frozen parameters (optim.freeze, a LoRA base) are stored: no master copy
+
+    def __post_init__(self):
+        for key in ("param", "compute", "gather", "reduce", "frozen"):  # presets fp32 / bf16 / fp16
+            object.__setattr__(self, key, DTYPE_ALIASES.get(getattr(self, key), getattr(self, key)))
+        _choice("precision.param", self.param, ("float32",))
+        _choice("precision.compute", self.compute, ("auto",) + DTYPES)
+        _choice("precision.gather", self.gather, ("auto",) + DTYPES + QUANTIZED_GATHERS)
+        _choice("precision.reduce", self.reduce, DTYPES)
+        _choice("precision.frozen", self.frozen, DTYPES)
+        if isinstance(self.loss_scale, str):
+            _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
+        elif not 0 < self.loss_scale <= FLOAT32_MAX:  # NaN and inf fail too
+            raise ConfigError(f"precision.loss_scale={self.loss_scale} must be 'dynamic', 'none' or a static scale "
+                              f"> 0 that float32 holds (<= {FLOAT32_MAX:.3g})")
+        _finite("precision.min_loss_scale", self.min_loss_scale, 0, above=True, high=FLOAT32_MAX)
+        power = self.initial_scale_power  # the dynamic scale starts at 2**power, a float32
+        if power > 127:
+            raise ConfigError(f"precision.initial_scale_power={power}: 2**{power} overflows float32; "
+                              "choose a power <= 127 (DeepSpeed's default: 16)")
+        if 2.0**power < self.min_loss_scale:  # (2.0**-2000 is 0.0 in Python, not an error)
+            raise ConfigError(f"precision.initial_scale_power={power} starts the dynamic scale at 2**{power}, below "
+                              f"precision.min_loss_scale={self.min_loss_scale}; raise the power or lower the minimum")
+        _at_least("precision.loss_scale_window", self.loss_scale_window, 1)
+        _at_least("precision.hysteresis", self.hysteresis, 1)
+        _at_least("precision.max_skipped_steps", self.max_skipped_steps, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    rank: int = 0  # adapter rank r; 0 = LoRA off
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
+    targets: tuple[str, ...] = ("*attn*kernel", "*mlp*kernel")  # glob patterns over the kernels of nnx.Linear layers
+    init_from: str = ""  # adapters to continue from: a PEFT directory (`zerojax export --format peft`)
+
+    def __post_init__(self):
+        _at_least("optim.lora.rank", self.rank, 0)
+        _finite("optim.lora.alpha", self.alpha, 0, above=True)
+        if self.rank and not self.targets:
+            raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 3e-3  # peak learning rate
+    b1: float = 0.9  # Adam first-moment decay
+    b2: float = 0.95  # Adam second-moment decay
+    eps: float = 1e-8  # Adam denominator epsilon
+    weight_decay: float = 0.1  # decoupled weight decay (never on norms and biases)
+    clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
+    warmup_steps: int = 50  # linear warmup from 0 to lr
+    schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
+    freeze: tuple[str, ...] = ()  # parameter-path patterns (or unit names) that are not trained
+    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
+
+    def __post_init__(self):
+        _finite("optim.lr", self.lr, 0)
+        for key in ("b1", "b2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"optim.{key}={getattr(self, key)} must be in [0, 1)")
+        # eps > 0: Adam divides by sqrt(v) + eps, and v is 0 for a parameter with no gradient yet
+        # (the embedding row of a token not yet seen): eps = 0 would make it 0/0 = NaN.
+        _finite("optim.eps", self.eps, 0, above=True)
+        _finite("optim.weight_decay", self.weight_decay, 0)
+        _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
+        _at_least("optim.warmup_steps", self.warmup_steps, 0)
+        _choice("optim.schedule", self.schedule, ("cosine", "constant"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 400  # optimizer steps
+    global_batch: int = 32  # sequences per step, over all devices
+    grad_accum: int = 1  # microbatches per step
+    seed: int = 0  # parameters and data order
+    log_every: int = 10  # steps between metrics lines; 0 = off
+    eval_every: int = 100  # steps between eval losses (and at the end); 0 = off
+    eval_batches: int = 8  # global batches of held-out data per eval
+    out_dir: str = ""  # run directory; empty = runs/<config name>
+    ckpt_every: int = 100  # steps between checkpoints (and one at the end); 0 = no checkpoints
+    keep: int = 3  # checkpoints kept
+    resume: str = "auto"  # auto: continue from the newest checkpoint | never
+    report: bool = True  # write report.html (curves, format explorer, memory calculator) into the run directory at the end
+
+    def __post_init__(self):
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.global_batch", self.global_batch, 1)
+        _at_least("train.grad_accum", self.grad_accum, 1)
+        for key in ("seed", "log_every", "eval_every", "ckpt_every"):
+            _at_least(f"train.{key}", getattr(self, key), 0)
+        _at_least("train.eval_batches", self.eval_batches, 1)
+        _at_least("train.keep", self.keep, 1)
+        _choice("train.resume", self.resume, ("auto", "never"))
+        if self.global_batch % self.grad_accum:
+            raise ConfigError(
+                f"train.global_batch={self.global_batch} must be divisible by "
+                f"train.grad_accum={self.grad_accum}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    name: str = "tiny"  # run name; the default run directory is runs/<name>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        if not self.name:
+            raise ConfigError("name='' is not valid; give the run a name (its default run directory is runs/<name>)")
+        gather, z = self.precision.gather, self.zero
+        if gather in QUANTIZED_GATHERS and (z.schedule != "shard_map" or z.stage == 0):
+            raise ConfigError(f"precision.gather={gather} (block-quantized weight gathers) is supported with "
+                              f"zero.schedule=shard_map at zero.stage 1, 2 or 3, not with zero.schedule={z.schedule} "
+                              f"at zero.stage {z.stage}; use those, or precision.gather=auto|{'|'.join(DTYPES)}")
+        if z.offload != "none" and z.schedule != "shard_map":
+            raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
+                              f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
+                              "or zero.offload=none")
+        byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
+        if byte_corpus and self.model.vocab_size < 256:
+            raise ConfigError(
+                f"model.vocab_size={self.model.vocab_size} is too small for the byte corpus "
+                f"data.source={self.data.source}; it needs model.vocab_size >= 256"
+            )
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.out_dir or f"runs/{self.name}")

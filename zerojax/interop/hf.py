@@ -1,0 +1,255 @@
+"""Hugging Face checkpoints in and out: `LlamaForCausalLM` (and Mistral's identical layout) and
+`GPT2LMHeadModel`, as safetensors, one tensor at a time.
+
+In: `model.init_from=DIR` (config.json, and model.safetensors or model.safetensors.index.json
+with its shards). config.json sets the model's keys (`config.hf_model_keys`); every parameter
+is then built straight into the sharded master layout with `jax.make_array_from_callback`: each
+device's callback reads only its slice of the HF tensor(s) through `safe_open(...).get_slice`
+(the layers of a stacked leaf are separate HF tensors, HF's [out, in] kernels are read
+transposed), so no tensor is read or gathered whole and each process reads only what its
+devices hold (measured on 8 CPU devices, the import's peak still adds 1.4x to 1.7x the largest
+tensor of host memory, not one device's slice: BENCHMARKS.md, "Hugging Face import and export").
+
+Out: `save` (what `zerojax export --format hf` runs) writes config.json, generation_config.json
+and safetensors shards with HF names plus model.safetensors.index.json, one zerojax leaf at a
+time.
+
+`load(DIR) -> (ModelConfig, model)`: the model on one device in fp32 (tests and checks): its
+`logits(tokens)` is what transformers' model computes; its `enter`/`exit` are the unit
+protocol's, so the same object trains.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from zerojax import data
+from zerojax.config import HF_ARCHITECTURES, ModelConfig, hf_model_keys
+from zerojax.errors import ConfigError
+from zerojax.precision import Policy
+from zerojax.parallel import plan as plan_lib
+from zerojax.parallel import trees
+from zerojax.models import registry
+from zerojax.interop.safetensors import Checkpoint, create_safetensors, fill, shard_plan
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """Where a zerojax leaf lives in an HF checkpoint: the name (`{i}`: the layer of a stacked
+    leaf) and whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel)."""
+
+    name: str
+    transposed: bool = False
+
+
+LLAMA_LAYER = "model.layers.{i}."
+LLAMA = {
+    "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
+    "norm/scale": Tensor("model.norm.weight"),
+    "lm_head/kernel": Tensor("lm_head.weight", True),
+    "layers/input_layernorm/scale": Tensor(LLAMA_LAYER + "input_layernorm.weight"),
+    "layers/post_attention_layernorm/scale": Tensor(LLAMA_LAYER + "post_attention_layernorm.weight"),
+    **{f"layers/self_attn/{p}/kernel": Tensor(LLAMA_LAYER + f"self_attn.{p}.weight", True)
+       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+    **{f"layers/mlp/{p}/kernel": Tensor(LLAMA_LAYER + f"mlp.{p}.weight", True)
+       for p in ("gate_proj", "up_proj", "down_proj")},
+}
+GPT2_LAYER = "transformer.h.{i}."
+GPT2 = {  # GPT-2's Conv1D weights are stored [in, out], as zerojax's kernels
+    "embed/wte/embedding": Tensor("transformer.wte.weight"),
+    "embed/wpe": Tensor("transformer.wpe.weight"),
+    "head/ln_f/scale": Tensor("transformer.ln_f.weight"),
+    "head/ln_f/bias": Tensor("transformer.ln_f.bias"),
+    "head/lm_head/kernel": Tensor("lm_head.weight", True),
+    **{f"blocks/{ours}/{k}": Tensor(GPT2_LAYER + f"{theirs}.{'weight' if k in ('scale', 'kernel') else 'bias'}")
+       for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2"), ("attn/qkv", "attn.c_attn"),
+                            ("attn/out", "attn.c_proj"), ("mlp/up", "mlp.c_fc"), ("mlp/down", "mlp.c_proj"))
+       for k in (("scale", "bias") if ours.startswith("ln") else ("kernel", "bias"))},
+}
+MAPPINGS = {"llama": LLAMA, "gpt": GPT2}
+
+
+def mapping(family: str) -> dict:
+    if family not in MAPPINGS:
+        raise ConfigError(f"model.family={family}: no Hugging Face layout; zerojax converts "
+                          f"{', '.join(MAPPINGS)} ({', '.join(HF_ARCHITECTURES)})")
+    return MAPPINGS[family]
+
+
+def _expected_shape(leaf: plan_lib.LeafPlan, tensor: Tensor, stacked: bool) -> tuple:
+    shape = leaf.shape[1:] if stacked else leaf.shape
+    return tuple(reversed(shape)) if tensor.transposed else tuple(shape)
+
+
+def base_leaves(plan: plan_lib.Plan):
+    """The plan's leaves that a model checkpoint holds: all but LoRA adapters (a nested dict)."""
+    from zerojax.optim.lora import is_adapter
+
+    return trees.select(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves), False)
+
+
+def check(ckpt: Checkpoint, plan: plan_lib.Plan, table: dict, stacked: tuple[str, ...],
+          all_leaves: bool = False) -> None:
+    """Every leaf of the plan (its model's, or `all_leaves`) has its tensor(s), of the shape the config implies."""
+    for leaf in jax.tree.leaves(plan.leaves if all_leaves else base_leaves(plan)):
+        tensor, layered = table[leaf.path], leaf.path.split("/")[0] in stacked
+        names = [tensor.name.format(i=i) for i in range(leaf.shape[0])] if layered else [tensor.name]
+        want = _expected_shape(leaf, tensor, layered)
+        for name in names:
+            have = ckpt.shapes.get(ckpt.resolve(name))
+            if have is None:
+                raise ConfigError(f"model.init_from={ckpt.directory}: no tensor {name!r}, which the model needs "
+                                  f"(it has {len(ckpt.shapes)} tensors, e.g. {sorted(ckpt.shapes)[:2]})")
+            # GPT-2's position table may be longer than the context trained (model.seq_len).
+            fits = have == want or (leaf.path == "embed/wpe" and have[1:] == want[1:] and have[0] >= want[0])
+            if not fits:
+                raise ConfigError(f"model.init_from={ckpt.directory}: tensor {name!r} has shape {list(have)}, the "
+                                  f"model needs {list(want)}")
+
+
+def _leaf_slice(ckpt: Checkpoint, leaf, tensor: Tensor, layered: bool, index: tuple) -> np.ndarray:
+    """The block `index` (of the stored, padded shape) of a zerojax leaf, read from HF tensors;
+    zeros where the block reaches into padding."""
+    block = np.zeros([len(range(*s.indices(n))) for s, n in zip(index, leaf.stored)], np.float32)
+    true = tuple(slice(s.start or 0, min(s.stop if s.stop is not None else n, t))
+                 for s, n, t in zip(index, leaf.stored, leaf.shape))
+    if any(s.stop <= s.start for s in true):
+        return block
+    inner = true[1:] if layered else true
+    hf_index = tuple(reversed(inner)) if tensor.transposed else inner
+    read = lambda name: (lambda x: x.T if tensor.transposed else x)(ckpt.read(name, hf_index))
+    value = np.stack([read(tensor.name.format(i=i)) for i in range(true[0].start, true[0].stop)]) if layered \
+        else read(tensor.name)
+    block[tuple(slice(0, s.stop - s.start) for s in true)] = value
+    return block
+
+
+def sharded_params(ckpt: Checkpoint, table: dict, plan: plan_lib.Plan, mesh, stacked: tuple[str, ...],
+                   all_leaves: bool = False):
+    """The model's weights (the plan's stored layout, dtypes and shardings: fp32 master weights
+    and frozen leaves in precision.frozen) from a checkpoint whose tensors `table` names, each
+    device reading only its slices. LoRA adapters are not a model checkpoint's: left out."""
+    sharded = plan.layout.master
+
+    def build(leaf):
+        layered = leaf.path.split("/")[0] in stacked
+        sharding = jax.sharding.NamedSharding(mesh, leaf.spec(sharded))
+        dtype = jnp.dtype(leaf.dtype)
+        return jax.make_array_from_callback(
+            leaf.stored, sharding, lambda index: _leaf_slice(ckpt, leaf, table[leaf.path], layered, index).astype(dtype))
+
+    return jax.tree.map(build, plan.leaves if all_leaves else base_leaves(plan))
+
+
+def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
+    """(checkpoint, name table, stacked names) of `model.init_from`, checked against the plan
+    from the files' headers alone (ConfigError if anything is missing or misshapen): a Hugging
+    Face directory, or one safetensors file of zerojax parameter paths (`zerojax export`)."""
+    path = Path(init_from)
+    if path.is_dir():
+        ckpt, table = Checkpoint.of_directory(init_from), mapping(family)
+        check(ckpt, plan, table, stacked)
+        return ckpt, table, stacked
+    if not path.is_file():
+        raise ConfigError(f"model.init_from={init_from!r}: no such file or directory")
+    ckpt = Checkpoint([path], init_from)
+    table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
+    check(ckpt, plan, table, ())  # zerojax's own files keep the layer axis
+    return ckpt, table, ()
+
+
+def init_params(init_from: str, plan: plan_lib.Plan, mesh, family: str, stacked: tuple[str, ...]):
+    """`model.init_from`'s weights, built straight into the plan's sharded master layout."""
+    ckpt, table, layered = init_source(init_from, plan, family, stacked)
+    return sharded_params(ckpt, table, plan, mesh, layered)
+
+
+def load(directory: str):
+    """(ModelConfig, model) from an HF directory, on one device in fp32: `model.logits(tokens)`
+    gives [B, T, V] logits; `enter`/`exit` make it trainable through the unit protocol."""
+    from zerojax.models import Units
+
+    cfg = ModelConfig(**hf_model_keys(directory), init_from=directory)
+    model = registry.build(cfg, Policy(), 0)
+    units = Units.of(model)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    plan = plan_lib.make_plan(params, 0, 1, 0, stacked=units.names)
+    device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    loaded = init_params(directory, plan, device, cfg.family, units.names)
+    nnx.update(model, jax.device_get(loaded))
+    return cfg, model
+
+
+def hf_config(model: dict, dtype: str) -> dict:
+    """config.json for a zerojax model config (the keys of `run/config.yaml`'s model section)."""
+    family = model["family"]
+    arch = {"llama": "LlamaForCausalLM", "gpt": "GPT2LMHeadModel"}[family]
+    keys = HF_ARCHITECTURES[arch][1]
+    tie = model["tie_embeddings"] if model["tie_embeddings"] is not None else family == "gpt"
+    out = {keys[k]: model[k] for k in keys if k not in ("tie_embeddings", "n_kv_heads")}
+    out["tie_word_embeddings"] = tie
+    if family == "llama":  # rope_theta for transformers 4, rope_parameters for 5
+        out.update(model_type="llama", num_key_value_heads=model["n_kv_heads"] or model["n_heads"],
+                   rope_parameters={"rope_type": "default", "rope_theta": model["rope_theta"]},
+                   hidden_act="silu", max_position_embeddings=model["seq_len"], attention_bias=False,
+                   mlp_bias=False, bos_token_id=None, eos_token_id=None)
+    else:
+        out.update(model_type="gpt2", n_positions=model["seq_len"], activation_function="gelu_new",
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    return {"architectures": [arch], **out, "torch_dtype": dtype, "dtype": dtype}
+
+
+def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[tuple]:
+    """(HF name, zerojax path, layer or None, HF shape, transposed) for every tensor of the
+    export, in order (a leaf's tensors together)."""
+    table, out = mapping(family), []
+    for path, shape in shapes.items():
+        tensor = table[path]
+        flip = (lambda s: tuple(reversed(s))) if tensor.transposed else tuple
+        if path.split("/")[0] in stacked:
+            out += [(tensor.name.format(i=i), path, i, flip(shape[1:]), tensor.transposed) for i in range(shape[0])]
+        else:
+            out.append((tensor.name, path, None, flip(shape), tensor.transposed))
+    return out
+
+
+def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *, dtype: str = "float32",
+         max_shard_bytes: int = 5 * 10**9, tokenizer: str = "") -> tuple[int, int]:
+    """A Hugging Face directory at `out` (what `zerojax export --format hf` writes): config.json
+    and generation_config.json from `model` (a run's model config, as a dict), safetensors shards
+    of at most `max_shard_bytes` with HF names and their index, and the tokenizer's files.
+    `shapes`: zerojax parameter path -> true shape; `blocks_of(path)` yields a leaf's pieces
+    (see `fill`). Written to `out`.tmp and renamed once complete. Returns (bytes, tensors)."""
+    import shutil
+
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    tokenizer_files = []
+    if tokenizer:  # the run's tokenizer travels with the model (its directory's other HF tokenizer files too)
+        path = data.tokenizer_file(tokenizer)
+        tokenizer_files = [path] + [path.with_name(n) for n in ("tokenizer_config.json", "special_tokens_map.json")
+                                    if path.with_name(n).is_file()]
+    tensors = hf_tensors(model["family"], shapes, stacked)
+    files = shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    regions = {}
+    for name, group in zip(names, files):
+        regions.update(create_safetensors(tmp / name, group, dtype))
+    fill(regions, tensors, blocks_of, dtype)
+    total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
+    index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf_config(model, dtype), indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
+    for f in tokenizer_files:
+        shutil.copyfile(f, tmp / f.name)
+    tmp.rename(out)  # the directory appears only once complete
+    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)

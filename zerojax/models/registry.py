@@ -1,0 +1,65 @@
+"""The model families: `model.family` names a built-in one or a factory of the user's.
+
+A built-in family is one module under `zerojax.models` (its modules, its Hugging Face layout,
+its FLOPs); this table is the only other place that names it. Importing the registry imports
+no family (and no jax): a family's module is imported when it is first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Callable
+
+from zerojax.errors import ConfigError
+
+FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama"}  # model.family -> module
+
+
+def family_module(family: str):
+    """The module of a built-in family."""
+    return importlib.import_module(FAMILIES[family])
+
+
+def model_factory(family: str) -> Callable:
+    """The factory `model.family` names, called as factory(cfg=, policy=, rngs=) (ConfigError if
+    it cannot be found)."""
+    from zerojax.models import protocol  # jax: only once a model is built
+
+    if family in FAMILIES:
+        return family_module(family).build
+    module_name, _, attr = family.partition(":")
+    where = f"model.family={family}"
+    if not module_name or not attr:
+        raise ConfigError(f"{where} is not valid; use {', '.join(FAMILIES)}, or module:factory (e.g. my_model:build)")
+    if "" not in sys.path:  # the current directory, as `python -m` has it
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
+        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
+    try:
+        protocol.check_factory(factory, attr)
+    except protocol.ProtocolError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return factory
+
+
+def build(cfg, policy, seed: int):
+    """The model of `cfg` (a ModelConfig), checked against the unit protocol: a bug inside the
+    model's own code raises as it is; a model that breaks the protocol is a ConfigError. Call
+    under nnx.eval_shape for shapes only."""
+    from flax import nnx
+
+    from zerojax.models import protocol
+
+    model = model_factory(cfg.family)(cfg=cfg, policy=policy, rngs=nnx.Rngs(seed))
+    try:
+        protocol.check(model)
+    except protocol.ProtocolError as err:
+        raise ConfigError(f"model.family={cfg.family}: {err}") from None
+    return model

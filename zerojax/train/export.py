@@ -1,0 +1,179 @@
+"""Export: a checkpoint's weights as one safetensors file, a Hugging Face directory or PEFT
+adapters, written leaf by leaf (host memory holds one saved shard of one leaf at a time)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+from pathlib import Path
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from zerojax.errors import ConfigError
+from zerojax.config import file_in_the_way
+from zerojax.optim.lora import is_adapter
+from zerojax.interop import hf
+from zerojax.interop import peft
+from zerojax.interop import safetensors as safetensors_io
+from zerojax.train import model as model_lib
+from zerojax.precision import Policy
+from zerojax.train.checkpoint import manager, read_metadata
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: one consolidated safetensors file, or a Hugging Face directory, written leaf by leaf.
+
+FORMATS = ("safetensors", "hf", "peft")
+
+
+def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
+    """One parameter of checkpoint `step`, as (index, fp32 numpy block) pieces.
+
+    Read chunk by chunk (the shards it was saved in) with tensorstore from orbax's OCDBT + zarr
+    layout, so host memory holds one chunk at a time; where that layout is not found (another
+    orbax version), the whole leaf at once through orbax's own restore."""
+    import tensorstore as ts
+
+    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
+                                          "path": "params." + path.replace("/", ".")}}
+    try:
+        store = ts.open(spec, open=True, read=True).result()
+        assert tuple(store.shape) == tuple(shape) and np.issubdtype(store.dtype.numpy_dtype, np.floating)
+    except Exception:  # noqa: BLE001 - any other layout: let orbax read it
+        item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
+        args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
+                                      restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
+        restored = mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+        yield tuple(slice(0, n) for n in shape), np.asarray(_get(restored, path), np.float32)
+        return
+    chunk = store.chunk_layout.read_chunk.shape
+    for corner in itertools.product(*[range(0, n, c) for n, c in zip(shape, chunk)]):
+        block = tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
+        yield block, np.asarray(store[block].read().result(), np.float32)  # frozen leaves are stored bf16
+        _return_freed_memory()  # the chunk's buffers, before the next chunk
+
+
+def _return_freed_memory() -> None:
+    """Hand memory freed by the reader's threads back to the OS (glibc keeps it in per-thread
+    arenas otherwise, and the next leaf would be read on top of it)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _open_run(run_dir: Path, step: int | None):
+    run_dir = Path(run_dir)
+    if not (run_dir / "checkpoints").is_dir():
+        raise ConfigError(f"{run_dir} holds no checkpoints/ directory; give a zerojax run directory")
+    mgr = manager(run_dir, keep=1_000_000, create=False, writer=False)
+    steps = mgr.all_steps()
+    if not steps or (step is not None and step not in steps):
+        raise ConfigError(f"{run_dir}/checkpoints has no step {step if step is not None else ''} "
+                          f"(complete steps: {sorted(steps) or 'none'})")
+    step = max(steps) if step is None else step
+    return mgr, step, read_metadata(mgr, step)
+
+
+def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None, fmt: str = "safetensors",
+           max_shard_bytes: int = 5 * 10**9, merge: bool = False) -> dict:
+    """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
+    paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
+    run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them.
+    Each leaf is read a saved shard at a time and written into place, so host memory holds one
+    shard of one leaf (and a kernel's adapters), not the model; what is written appears only
+    once complete."""
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new path (export never overwrites)")
+    in_the_way = file_in_the_way(out.parent)
+    if in_the_way:
+        raise ConfigError(f"--out {str(out)!r}: {in_the_way} is a file, not a directory")
+    mgr, step, meta = _open_run(run_dir, step)
+    shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
+    saved = dict(shapes)
+    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path])
+    adapters = any(is_adapter(p) for p in shapes)
+    if fmt == "peft" and not adapters:
+        raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
+                          "use --format hf or --format safetensors")
+    if merge and (fmt != "hf" or not adapters):
+        raise ConfigError("--merge merges a LoRA run's adapters into a Hugging Face export: it needs --format hf "
+                          "and a run trained with optim.lora.rank > 0")
+    if fmt == "hf" and adapters and not merge:
+        raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
+                          "model with them merged in")
+    if merge:
+        blocks_of = _merged(blocks_of, shapes, meta["config"]["optim"]["lora"])
+        shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
+    if fmt == "peft":
+        stacked = _stacked(meta["config"]["model"])
+        written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype)
+    elif fmt == "safetensors":
+        tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
+        tmp = out.with_name(out.name + ".tmp")
+        out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
+        safetensors_io.fill(safetensors_io.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
+        tmp.replace(out)  # the file appears only once complete
+        written, count = out.stat().st_size, len(tensors)
+    else:
+        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, blocks_of,
+                                    meta["config"]["data"].get("tokenizer", ""))
+    mgr.close()
+    return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
+            "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
+
+
+def _stacked(model: dict) -> tuple[str, ...]:
+    from zerojax.config import ModelConfig
+    from zerojax.models import Units
+
+    return Units.of(model_lib.abstract_model(ModelConfig(**model), Policy())).names
+
+
+def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
+               tokenizer: str = "") -> tuple[int, int]:
+
+    return hf.save(out, model, shapes, _stacked(model), blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                   tokenizer=tokenizer)
+
+
+def _whole(blocks) -> np.ndarray:
+    pieces = list(blocks)
+    out = np.zeros([max(i[d].stop for i, _ in pieces) for d in range(len(pieces[0][0]))], np.float32)
+    for index, block in pieces:
+        out[index] = block
+    return out
+
+
+def _merged(blocks_of, shapes: dict, lora: dict):
+    """`blocks_of` with every adapted kernel's blocks W + (alpha / rank)·A·B (in fp32): the
+    adapters of a kernel are read whole (they are small), its blocks one at a time."""
+    scale = lora["alpha"] / lora["rank"]
+
+    def merged(path):
+        layer = path.removesuffix("/kernel")
+        if not path.endswith("/kernel") or f"{layer}/lora_a" not in shapes:
+            yield from blocks_of(path)
+            return
+        a, b = _whole(blocks_of(f"{layer}/lora_a")), _whole(blocks_of(f"{layer}/lora_b"))
+        for index, block in blocks_of(path):
+            lead, (rows, cols) = index[:-2], index[-2:]
+            yield index, block + scale * np.matmul(a[lead + (rows, slice(None))], b[lead + (slice(None), cols)])
+
+    return merged
+
+
+def _nest(path: str, value):
+    for key in reversed(path.split("/")):
+        value = {key: value}
+    return value
+
+
+def _get(tree, path: str):
+    for key in path.split("/"):
+        tree = tree[key]
+    return tree

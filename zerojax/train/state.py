@@ -1,0 +1,80 @@
+"""The train state: fp32 master weights (or frozen leaves as stored), optax state, the step and
+loss-scale counters, born in the plan's layout and placed where `zero.offload` says."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from zerojax.optim import offload as offload_lib
+from zerojax.precision import LossScaleState
+from zerojax.parallel import plan as plan_lib
+from zerojax.parallel import trees
+from zerojax.train.model import build_model
+
+if TYPE_CHECKING:  # the Engine holds what init needs; it imports this module
+    from zerojax.train.step import Engine
+
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # optimizer updates applied
+    params: Any  # a nested dict in the plan's master layout (padded): fp32 master weights of the
+    #              trained leaves, and the frozen leaves themselves (precision.frozen)
+    opt_state: Any  # optax state (Adam moments in fp32) of the trained leaves, laid out like them
+    skipped: jax.Array  # consecutive non-finite steps
+    loss_scale: LossScaleState
+    weights: Any = None  # zero.offload=optimizer+master: the trained leaves in the gather dtype, on the
+    #                      device, in the master layout (what forward and backward read); else None
+
+
+def state_shardings(step: Engine, abstract_state: TrainState):
+    """Where each part of the state lives: the plan's layout, in host memory where zero.offload
+    puts it (every optimizer-state copy of a parameter; the trained leaves' master)."""
+    plan, offload = step.plan, step.offload  # frozen leaves: sharded at stage 3 only, never offloaded
+    weights = plan.specs(plan.layout.master, plan.trained_leaves) if offload.master else None
+    specs = TrainState(P(), plan.master_specs, plan_lib.state_specs(abstract_state.opt_state, plan,
+                                                                         plan.layout.master),
+                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale), weights)
+    shardings = trees.named(step.mesh, specs)
+    if offload.moments:
+        copies = plan_lib.map_like_params(abstract_state.opt_state, plan, lambda *_: True, lambda _: False)
+        shardings = shardings._replace(opt_state=jax.tree.map(
+            lambda s, host: offload_lib.on_host(s) if host else s, shardings.opt_state, copies))
+    if offload.master:
+        shardings = shardings._replace(params=plan.map(
+            lambda leaf, s: s if leaf.frozen else offload_lib.on_host(s), shardings.params))
+    return shardings
+
+
+def init_state(step: Engine, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
+    """Master weights and optimizer state, born in the plan's layout (never gathered whole).
+
+    With `abstract`, only the shapes and shardings (for compiling without allocating);
+    `loaded`: parameters (true or stored shapes) to start from instead of the model's
+    initialisation; leaves it lacks (new LoRA adapters) are initialised (XLA drops the rest of
+    the initialisation, whose values are not used)."""
+    plan = step.plan
+
+    def init(loaded) -> TrainState:
+        if loaded is None or jax.tree.structure(loaded) != jax.tree.structure(plan.leaves):
+            fresh = nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed, step.lora), nnx.Param))
+            loaded = fresh if loaded is None else _fill(fresh, loaded)
+        params = plan.cast(plan.pad(loaded))
+        zero = jnp.zeros((), jnp.int32)
+        opt_state = step.optimizer.init(trees.trained(params, plan.frozen))
+        return TrainState(zero, params, opt_state, zero, step.scaler.init(), step.weights_of(params))
+
+    shapes = jax.eval_shape(init, None)
+    shardings = state_shardings(step, shapes)
+    if abstract:
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    return jax.jit(init, out_shardings=shardings)(loaded)
+
+
+def _fill(fresh: dict, loaded: dict) -> dict:
+    """`fresh` with every leaf that `loaded` has replaced by loaded's."""
+    return {k: (_fill(v, loaded[k]) if isinstance(v, dict) else loaded[k]) if k in loaded else v
+            for k, v in fresh.items()}
