@@ -1,3 +1,4 @@
+import argparse
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from zerojax import cli
+from zerojax.config import rules
 from zerojax.train import checkpoint
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
@@ -116,6 +118,28 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(args, message, 
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
     assert message in err
     assert list(tmp_path.iterdir()) == []
+
+
+def option(command: str, flag: str) -> argparse.Action:
+    """The argparse action of `zerojax COMMAND FLAG`."""
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return next(a for a in commands.choices[command]._actions if flag in a.option_strings)
+
+
+@pytest.mark.parametrize("command, flag, valid", [
+    ("memory", "--offload", rules.OFFLOADS),
+    ("analyze", "--schedule", rules.SCHEDULES),
+    ("export", "--format", rules.EXPORT_FORMATS),
+    ("export", "--dtype", rules.EXPORT_DTYPES),
+], ids=["memory --offload", "analyze --schedule", "export --format", "export --dtype"])
+def test_the_cli_offers_the_configs_choices(command, flag, valid):
+    assert option(command, flag).choices is valid
+
+
+def test_the_stages_the_cli_accepts_are_the_configs():
+    assert cli.stage_list(",".join(map(str, rules.STAGES))) == rules.STAGES
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.stage_list(str(max(rules.STAGES) + 1))
 
 
 # Bad files: each case writes its inputs under the test's directory (`{tmp}` in the arguments),

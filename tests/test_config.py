@@ -4,6 +4,7 @@ import pytest
 
 from conftest import ROOT
 from zerojax import config
+from zerojax.config import rules
 
 
 def test_defaults_are_the_tiny_run():
@@ -67,6 +68,41 @@ def test_bad_overrides_name_the_key_and_the_fix(text, message):
     with pytest.raises(ValueError, match=None) as err:
         config.load(overrides=overrides)
     assert message in str(err.value)
+
+
+ENUMERATIONS = [("zero.stage", rules.STAGES, "7"), ("zero.schedule", rules.SCHEDULES, "x"),
+                ("zero.offload", rules.OFFLOADS, "x"), ("model.remat", rules.REMATS, "x"),
+                ("precision.param", rules.PARAM_DTYPES, "x"), ("precision.reduce", rules.DTYPES, "x"),
+                ("precision.frozen", rules.DTYPES, "x"), ("precision.loss_scale", rules.LOSS_SCALES, "x"),
+                ("optim.schedule", rules.LR_SCHEDULES, "x"), ("mesh.distributed", rules.DISTRIBUTED, "x"),
+                ("train.resume", rules.RESUMES, "x")]
+
+
+@pytest.mark.parametrize("key, valid, bad", ENUMERATIONS, ids=[key for key, _, _ in ENUMERATIONS])
+def test_each_enumeration_is_the_rules(key, valid, bad):
+    """A key takes every value of its enumeration in config.rules (the CLI's choices), and the
+    error for any other value lists exactly those."""
+    for value in valid:
+        assert str(getattr(getattr(config.load(overrides=[f"{key}={value}"]), key.split(".")[0]),
+                           key.split(".")[1])) == str(value)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(overrides=[f"{key}={bad}"])
+    assert str(err.value).endswith(f"is not valid; choose one of {', '.join(map(str, valid))}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # needs no mesh: it fails as the config loads, before any device is touched
+    (["zero.schedule=gspmd", "precision.reduce=bf16"],
+     "precision.reduce='bfloat16': choosing the reduce dtype under gspmd is not implemented in zerojax yet; "
+     "use zero.schedule=shard_map"),
+    (["zero.schedule=gspmd", "zero.offload=optimizer"], "zero.offload=optimizer (the update streamed unit by unit"),
+    (["model.vocab_size=100"], "model.vocab_size=100 is too small for the byte corpus data.source=stdlib"),
+])
+def test_the_rules_between_keys(overrides, message):
+    with pytest.raises(config.ConfigError) as err:
+        config.load(overrides=overrides)
+    assert message in str(err.value)
+    assert config.load(overrides=overrides[:-1]) is not None  # each key alone is fine
 
 
 def test_bad_yaml(tmp_path):

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +72,16 @@ def test_cli_bad_input_exits_2(args, capsys):
 ])
 def test_flops_per_token(params, layers, seq_len, d_model, expected):
     assert formulas.flops_per_token(params, layers, seq_len, d_model) == expected
+
+
+def test_the_calculator_imports_no_jax(tmp_path):
+    """`zerojax memory --params` is arithmetic: a fresh interpreter answers it without importing
+    jax (nor flax, optax, orbax), and so in well under a second."""
+    code = ("import sys, zerojax.cli as c\n"
+            "assert c.main(['memory', '--params', '7.5B', '--devices', '64', '--json']) == 0\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'flax', 'optax', 'orbax'}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *document, imported = proc.stdout.strip().splitlines()
+    assert json.loads(document[0])["stages"]["3"] == 1.875e9
+    assert imported == "[]"

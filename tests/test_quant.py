@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import ROOT
 from zerojax import cli, config, train
+from zerojax.config import rules
 from zerojax.schedules import quant
 from zerojax import data as data_lib
 from zerojax.parallel.mesh import DATA
@@ -93,7 +94,7 @@ def test_every_block_is_within_half_a_step_of_the_master(fmt):
     pad = count * length - LOCAL
     x = np.pad(flat, ((0, 0), (0, pad))).reshape(N, count, length)
     y = np.pad(got, ((0, 0), (0, pad))).reshape(N, count, length)
-    scale = np.abs(x).max(axis=2, keepdims=True) / quant.FORMATS[fmt].largest
+    scale = np.abs(x).max(axis=2, keepdims=True) / quant.QUANT_FORMATS[fmt].largest
     for d in range(N):
         for b in range(count):
             s, xs, ys = scale[d, b, 0], x[d, b], y[d, b]
@@ -243,3 +244,26 @@ def test_memory_and_analyze_accept_a_quantized_gather(capsys):
     assert measure.supported_stages(cfg) == (1, 2, 3)  # analyze's default: stage 0 gathers nothing
     assert cli.main(["analyze", "precision.gather=int8", "--stages", "0", "--json"]) == 2
     assert "zero.stage 0" in capsys.readouterr().err
+
+
+def test_the_quantized_formats_are_the_configs():
+    assert tuple(quant.QUANT_FORMATS) == rules.QUANTIZED_GATHERS
+
+
+@pytest.mark.parametrize("gather", ["auto", "bf16", "int8", "float8_e4m3fn"])
+@pytest.mark.parametrize("schedule", rules.SCHEDULES)
+def test_analyze_compiles_by_default_the_stages_the_config_accepts(gather, schedule):
+    """One rule: the stages `analyze` compiles when none are asked for are those at which the
+    config itself loads."""
+    def loads(stage):
+        try:
+            return config.load(overrides=[f"precision.gather={gather}", f"zero.schedule={schedule}",
+                                          f"zero.stage={stage}"])
+        except config.ConfigError:
+            return None
+
+    accepted = tuple(s for s in rules.STAGES if loads(s))
+    assert accepted == ((1, 2, 3) if gather in ("int8", "float8_e4m3fn") and schedule == "shard_map" else
+                        () if gather in ("int8", "float8_e4m3fn") else (0, 1, 2, 3))
+    if accepted:
+        assert measure.supported_stages(loads(accepted[0])) == accepted

@@ -1,20 +1,29 @@
 """The `zerojax` command line (docs/design.md §4).
 
 Bad input (a `ConfigError` from anywhere in zerojax, or an argparse error) prints one
-`zerojax: error: ...` line on stderr and exits 2 before anything is written; any other failure,
-including a bug in a user's model, exits 1 with its traceback.
+`zerojax: error: ...` line on stderr and exits 2 before anything is written; a run that cannot
+form its mesh or go on (`DistributedError`, `TrainingError`) prints one line and exits 1; any
+other failure, including a bug in a user's model, exits 1 with its traceback.
+
+The choices of the options are the config's enumerations (`config.rules`). Only the commands
+that build a model import jax (train, analyze, export, report's analysis, memory --config), in
+their own bodies: `zerojax memory --params` and `zerojax formats` answer without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
 import sys
+import time
+from pathlib import Path
+from zerojax import config, data, formats, report
 from zerojax.analysis import formulas
-from zerojax.analysis import measure
-from zerojax.train import export as export_lib
+from zerojax.config import rules
+from zerojax.errors import ConfigError, DistributedError, TrainingError
 
 
 class UsageError(Exception):
@@ -49,7 +58,7 @@ def build_parser() -> Parser:
                         help="parameters trained (LoRA adapters, unfrozen leaves); the rest are frozen")
     memory.add_argument("--frozen-bytes", type=float, default=2,
                         help="bytes per frozen parameter (precision.frozen: bfloat16 2, float32 4)")
-    memory.add_argument("--offload", choices=("none", "optimizer", "optimizer+master"), default=None,
+    memory.add_argument("--offload", choices=rules.OFFLOADS, default=None,
                         help="zero.offload: the bill with m and v (optimizer), or the master too, in host memory "
                              "(default: the config's, else none)")
     memory.add_argument("--json", action="store_true", help="print one JSON document")
@@ -59,7 +68,7 @@ def build_parser() -> Parser:
     analyze.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     analyze.add_argument("--stages", type=stage_list, help="e.g. 0,3 (default 0,1,2,3; with precision.gather=int8 "
                          "or float8_e4m3fn 1,2,3)")
-    analyze.add_argument("--schedule", choices=["shard_map", "gspmd"], help="same as zero.schedule=...")
+    analyze.add_argument("--schedule", choices=rules.SCHEDULES, help="same as zero.schedule=...")
     analyze.add_argument("--budget-gb", type=parse_count, help="also find the largest depth x width scaling "
                          "of the model whose compiled peak fits this many GB per device")
     analyze.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
@@ -69,13 +78,13 @@ def build_parser() -> Parser:
                                            "Hugging Face directory")
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft)")
-    export.add_argument("--format", choices=["safetensors", "hf", "peft"], default="safetensors",
+    export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
                              "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them")
     export.add_argument("--merge", action="store_true", help="hf, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
-    export.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -121,7 +130,7 @@ def stage_list(text: str) -> tuple[int, ...]:
         stages = tuple(int(s) for s in text.split(","))
     except ValueError:
         stages = ()
-    if not stages or any(s not in (0, 1, 2, 3) for s in stages):
+    if not stages or any(s not in rules.STAGES for s in stages):
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of stages; use e.g. 0,1,2,3 or 3")
     return stages
 
@@ -150,18 +159,13 @@ def jax_process_index() -> int:
 
 
 def cmd_train(args) -> int:
-    from zerojax import config, train
-
+    from zerojax import train
     from zerojax.parallel import mesh
 
     xla_preset(args)
     cfg = config.load(args.config, args.overrides)
-    try:
-        mesh.init_distributed(cfg.mesh, args.coordinator, args.num_processes, args.process_id)
-        setup = train.prepare(cfg)
-    except mesh.DistributedError as err:
-        print(f"zerojax: error: {err}", file=sys.stderr)
-        return 1
+    mesh.init_distributed(cfg.mesh, args.coordinator, args.num_processes, args.process_id)
+    setup = train.prepare(cfg)
     if jax_process_index() != 0:  # process 0 speaks for the run
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
@@ -171,8 +175,6 @@ def cmd_train(args) -> int:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)
     if cfg.train.report and jax_process_index() == 0:
-        from zerojax import report
-
         report.write_page([report.read_run(cfg.run_dir)], cfg.run_dir / "report.html")
         print(f"zerojax: report {cfg.run_dir / 'report.html'}")
     if result["stopped"]:
@@ -188,10 +190,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    import jax.numpy as jnp
-
-    from zerojax import config, report
-
     params, devices = args.params, args.devices
     if args.config is None and args.overrides:
         raise UsageError("KEY=VALUE overrides need --config")
@@ -201,10 +199,12 @@ def cmd_memory(args) -> int:
         raise UsageError(f"--k {args.k} must be a finite number >= 0 (Adam with fp32 master: 12)")
     trained, frozen_bytes, offload = args.trainable, args.frozen_bytes, args.offload or "none"
     if args.config is not None:
+        from zerojax.analysis import measure  # jax: Ψ from the abstract model
+
         cfg = config.load(args.config, args.overrides)
         offload = args.offload or cfg.zero.offload
         params, trained = measure.param_counts(cfg)
-        frozen_bytes = jnp.dtype(cfg.precision.frozen).itemsize
+        frozen_bytes = formats.dtype(cfg.precision.frozen).itemsize
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
         raise UsageError("give --devices N (the devices on the data axis)")
@@ -219,7 +219,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from zerojax import config, report
+    from zerojax.analysis import measure
 
     xla_preset(args)
     overrides = args.overrides + ([f"zero.schedule={args.schedule}"] if args.schedule else [])
@@ -229,9 +229,7 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_export(args) -> int:
-    import json
-    from pathlib import Path
-
+    from zerojax.train import export as export_lib
 
     out = Path(args.out)
     if args.format == "safetensors" and out.suffix != ".safetensors":
@@ -245,12 +243,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import time
-    from pathlib import Path
-
-    from zerojax import report
-    from zerojax.errors import ConfigError
-
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"--out {args.out!r}: directory {str(out.parent)!r} does not exist")
@@ -272,8 +264,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_formats(args) -> int:
-    from zerojax import formats, report
-
     if not args.values and not args.table:
         raise UsageError("give values to store (e.g. zerojax formats 0.1 70000 1e-8) or --table")
     doc = formats.explain(args.values)
@@ -284,10 +274,6 @@ def cmd_formats(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
-    from pathlib import Path
-
-    from zerojax import data
-
     if args.source != "stdlib" and Path(args.source).suffix != ".txt":
         raise UsageError(f"SOURCE {args.source!r} must be stdlib or a .txt file")
     path = data.train_tokenizer(args.source, args.vocab_size, Path(args.out))
@@ -301,8 +287,6 @@ COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zerojax.errors import ConfigError
-
     logging.basicConfig(format="zerojax: %(levelname)s: %(message)s", level=logging.WARNING)
     logging.addLevelName(logging.WARNING, "warning")
     try:
@@ -311,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as err:
         print(f"zerojax: error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        if type(err).__name__ != "TrainingError":
-            raise
+    except (DistributedError, TrainingError) as err:
         print(f"zerojax: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -9,11 +9,10 @@ section 5:
 
 from __future__ import annotations
 
+from zerojax.config.rules import STAGES
 from zerojax.errors import ConfigError
-
 from zerojax.models.flops import palm_flops_per_token as flops_per_token  # noqa: F401  (the one formula)
 
-STAGES = (0, 1, 2, 3)
 ALIASES = {0: "NO_SHARD (DDP)", 1: "-", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FORMULAS = {0: "(2 + 2 + K)·Ψ", 1: "(2 + 2)·Ψ + K·Ψ/N", 2: "2·Ψ + (2 + K)·Ψ/N", 3: "(2 + 2 + K)·Ψ/N"}
 

@@ -1,11 +1,7 @@
-"""Accounting: what the design promises per device (docs/design.md §2), and what XLA measures.
-
-Model states for mixed-precision Adam with Ψ parameters, N devices on the `data` axis and K
-bytes of optimizer state per parameter (fp32 master + m + v: K = 12), Rajbhandari et al. 2019,
-section 5:
-    stage 0  (2 + 2 + K)·Ψ          stage 2  2·Ψ + (2 + K)·Ψ/N
-    stage 1  (2 + 2)·Ψ + K·Ψ/N      stage 3  (2 + 2 + K)·Ψ/N
-"""
+"""Compile and measure: `zerojax analyze`'s orchestration. Each stage's train step is compiled
+from abstract inputs (nothing allocated); XLA's memory_analysis() and the collectives of the
+optimized HLO (`hlo`) are set next to the formulas (`formulas`) and to what the model's units
+hold, traced (`traced`)."""
 
 from __future__ import annotations
 
@@ -14,25 +10,23 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from zerojax.config import rules
+from zerojax.models import protocol
 from zerojax.parallel import mesh as mesh_lib
-from zerojax.schedules import quant
-from zerojax.config import QUANTIZED_GATHERS
 from zerojax.parallel.mesh import DATA
+from zerojax.precision import Policy
+from zerojax.schedules import quant
 from zerojax.train import model as model_lib
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
-from zerojax.analysis.formulas import STAGES, comm_theory_bytes, host_state_bytes, model_state_bytes, peak_bytes
+from zerojax.analysis.formulas import comm_theory_bytes, host_state_bytes, model_state_bytes, peak_bytes
 from zerojax.analysis.hlo import DTYPE_BYTES, argument_bytes_by_memory, collective_bytes
 from zerojax.analysis.traced import regime, transient_estimate
-from zerojax.precision import Policy
 
 
 def param_counts(cfg) -> tuple[int, int]:
     """(Ψ, Ψ_t) of a config's model from abstract shapes (nothing is allocated): every parameter
     (LoRA's adapters included), and those it trains (all but optim.freeze's and a LoRA base)."""
-    from zerojax.models import protocol
-    from zerojax.precision import Policy
-
     model = model_lib.abstract_model(cfg.model, Policy(), cfg.train.seed, cfg.optim.lora)
     leaves = jax.tree.leaves(model_lib.param_plan(cfg, model, protocol.check(model), 0, 1).leaves)
     return (sum(math.prod(leaf.shape) for leaf in leaves),
@@ -46,11 +40,11 @@ def count_params(cfg) -> int:
 
 def compile_step(cfg):
     """The compiled train step of `cfg` and its Engine, from abstract inputs (nothing allocated)."""
-    step = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
-    state = state_lib.init_state(step, abstract=True)
+    engine = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
+    state = state_lib.init_state(engine, abstract=True)
     shape = step_lib.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=mesh_lib.batch_sharding(step.mesh))
-    return step, step_lib.make_train_step(step, state).lower(state, batch).compile()
+    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=mesh_lib.batch_sharding(engine.mesh))
+    return engine, step_lib.make_train_step(engine, state).lower(state, batch).compile()
 
 
 def measure_memory(compiled) -> dict:
@@ -66,42 +60,43 @@ def measure_memory(compiled) -> dict:
 
 
 def supported_stages(cfg) -> tuple[int, ...]:
-    """The stages `cfg` can be compiled at: a quantized gather needs a gather (stages 1-3)."""
-    return STAGES[1:] if cfg.precision.gather in QUANTIZED_GATHERS else STAGES
+    """The stages `cfg` can be compiled at (`rules.gather_stages`: a quantized gather needs a
+    gather, stages 1-3)."""
+    return rules.gather_stages(cfg.precision.gather, cfg.zero.schedule)
 
 
 def analyze(cfg, stages_wanted=None, budget_gb: float | None = None) -> dict:
     """The `zerojax analyze --json` document: per stage (default: every stage `cfg` supports),
     measured bytes next to the formulas, and with a budget the largest scaling of the model
     that fits per device."""
-    params, stages, step = count_params(cfg), {}, None
+    params, stages, engine = count_params(cfg), {}, None
     stages_wanted = supported_stages(cfg) if stages_wanted is None else stages_wanted
     for stage in stages_wanted:
         staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
-        step, compiled = compile_step(staged)
-        stages[str(stage)] = stage_report(staged, step, compiled, params)
+        engine, compiled = compile_step(staged)
+        stages[str(stage)] = stage_report(staged, engine, compiled, params)
         stages[str(stage)]["peak_bytes"] = peak_bytes(stages[str(stage)])
-    doc = {"params": params, "devices": step.mesh.shape[DATA], "mesh": dict(step.mesh.shape),
-           "family": cfg.model.family, "schedule": cfg.zero.schedule, "regime": regime(cfg, step),
+    doc = {"params": params, "devices": engine.mesh.shape[DATA], "mesh": dict(engine.mesh.shape),
+           "family": cfg.model.family, "schedule": cfg.zero.schedule, "regime": regime(cfg, engine),
            "flops_per_token": model_flops_per_token(cfg), "stages": stages,
-           "plan": step.plan.rows()}  # of the last stage analyzed
+           "plan": engine.plan.rows()}  # of the last stage analyzed
     if budget_gb is not None:
         doc["fits"] = {"budget_bytes": budget_gb * 1e9,
                        "stages": {str(s): largest_fitting(cfg, s, budget_gb * 1e9) for s in stages_wanted}}
     return doc
 
 
-def stage_report(cfg, step, compiled, params: int) -> dict:
-    stage, n, z = step.plan.stage, step.mesh.shape[DATA], cfg.zero
-    comm = collective_bytes(compiled.as_text(), step.mesh.devices.size)
+def stage_report(cfg, engine, compiled, params: int) -> dict:
+    stage, n, z = engine.plan.stage, engine.mesh.shape[DATA], cfg.zero
+    comm = collective_bytes(compiled.as_text(), engine.mesh.devices.size)
     # b_g and b_r as XLA communicates them (the CPU backend moves bf16 as f32), else the policy's.
-    b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), step.policy.gather.itemsize)
-    if quant.is_quantized(step.policy.gather):  # payload and scales in one byte buffer
-        b_g *= quant.bytes_per_element(step.policy.quant_block, step.policy.quant_scale)
+    b_g = DTYPE_BYTES.get(comm["dtypes"].get("all-gather"), engine.policy.gather.itemsize)
+    if quant.is_quantized(engine.policy.gather):  # payload and scales in one byte buffer
+        b_g *= quant.bytes_per_element(engine.policy.quant_block, engine.policy.quant_scale)
     b_r = DTYPE_BYTES.get(comm["dtypes"].get("reduce-scatter", comm["dtypes"].get("all-reduce")),
-                          step.policy.reduce.itemsize)
+                          engine.policy.reduce.itemsize)
     explicit = z.schedule == "shard_map"
-    leaves = jax.tree.leaves(step.plan.leaves)
+    leaves = jax.tree.leaves(engine.plan.leaves)
     trained = sum(math.prod(leaf.shape) for leaf in leaves if not leaf.frozen)
     b_f = jnp.dtype(cfg.precision.frozen).itemsize
     frozen = {} if trained == params else {
@@ -109,12 +104,12 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
         # What the step keeps between steps: the frozen leaves as stored (b_f·Ψ_f, /N at stage 3)
         # and the trained leaves' fp32 master, m and v (12·Ψ_t, /N at stages 1-3).
         "state_formula_bytes": b_f * (params - trained) / (n if stage == 3 else 1) + 12 * trained / (n if stage else 1),
-        "state_bytes": state_bytes(step.plan),
+        "state_bytes": state_bytes(engine.plan),
     }
     return {
         **measure_memory(compiled),
         "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f),
-        "unsharded_bytes": step.plan.unsharded_bytes() if stage else 0,
+        "unsharded_bytes": engine.plan.unsharded_bytes() if stage else 0,
         **frozen,
         # zero.offload: what the formula moves to the host (12·Ψ_t or 8·Ψ_t, /N at stages 1-3)
         **({"offload": z.offload, "host_formula_bytes": host_state_bytes(stage, trained, n, 12, z.offload)}
@@ -124,8 +119,8 @@ def stage_report(cfg, step, compiled, params: int) -> dict:
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward, trained,
                                                cfg.train.grad_accum),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
-        "gather_bytes_per_element": b_g, **quantized_gather(step.policy, comm["dtypes"].get("all-gather")),
-        **({"transient_estimate": transient_estimate(cfg, step, b_g, b_r)} if stage == 3 and explicit else {}),
+        "gather_bytes_per_element": b_g, **quantized_gather(engine.policy, comm["dtypes"].get("all-gather")),
+        **({"transient_estimate": transient_estimate(cfg, engine, b_g, b_r)} if stage == 3 and explicit else {}),
     }
 
 
@@ -186,8 +181,6 @@ def model_flops_per_token(cfg) -> float:
     model = model_lib.abstract_model(cfg.model, policy)
     if callable(getattr(model, "flops_per_token", None)):
         return float(model.flops_per_token(cfg.model.seq_len))
-    from zerojax.models import protocol
-
     units = protocol.Units.of(model)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     shape = step_lib.batch_shape(cfg)

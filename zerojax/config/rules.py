@@ -1,5 +1,10 @@
-"""The enumerations of config values (the CLI's choices read them from here) and the checks
-that a value is in range. Each is written once."""
+"""The enumerations of config values, and the rules between keys. Each is written once: the
+sections check their values against these tuples, the CLI's choices are these tuples, and
+`analysis.measure` asks `gather_stages` which stages a config compiles at. Importing this
+module imports no jax.
+
+The rules between keys (`check_between_keys`) take the whole `Config`; the checks that need the mesh (batch
+divisibility) live where the mesh is known (`train.make_engine`)."""
 
 from __future__ import annotations
 
@@ -8,13 +13,76 @@ from typing import Any
 from zerojax.errors import ConfigError
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (zerojax.quant)
+STAGES = (0, 1, 2, 3)  # zero.stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters
+SCHEDULES = ("shard_map", "gspmd")  # zero.schedule: the explicit FSDP unit schedule | annotations only
 OFFLOADS = ("none", "optimizer", "optimizer+master")  # zero.offload: what lives in pinned host memory
+REMATS = ("none", "full", "dots")  # model.remat: what a block keeps for its backward (models.protocol.REMAT_POLICIES)
+PARAM_DTYPES = ("float32",)  # precision.param: the master weights
+DTYPES = ("float32", "bfloat16", "float16")  # precision.compute, gather, reduce, frozen
+QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (schedules.quant.QUANT_FORMATS)
+LOSS_SCALES = ("dynamic", "none")  # precision.loss_scale, when not a number
+LR_SCHEDULES = ("cosine", "constant")  # optim.schedule: after warmup
+DISTRIBUTED = ("auto", "off")  # mesh.distributed
+RESUMES = ("auto", "never")  # train.resume
+EXPORT_FORMATS = ("safetensors", "hf", "peft")  # `zerojax export --format`
+EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`
 BUILTIN_FAMILIES = ("gpt", "llama")  # model.family values that need no import
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FLOAT32_MAX = 3.4028234663852886e38  # loss scales are float32 scalars in the train state
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules between keys, each once.
+
+
+def gather_stages(gather: str, schedule: str) -> tuple[int, ...]:
+    """The ZeRO stages `precision.gather` works at under `zero.schedule`: a block-quantized
+    gather is the explicit schedule's, and needs a gather to quantize (stages 1-3)."""
+    if gather not in QUANTIZED_GATHERS:
+        return STAGES
+    return STAGES[1:] if schedule == "shard_map" else ()
+
+
+def check_between_keys(cfg) -> None:
+    """The rules between the keys of a `Config` (its sections have checked their own values)."""
+    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab):
+        rule(cfg)
+
+
+def _quantized_gather(cfg) -> None:
+    gather, z = cfg.precision.gather, cfg.zero
+    if z.stage not in gather_stages(gather, z.schedule):
+        raise ConfigError(f"precision.gather={gather} (block-quantized weight gathers) is supported with "
+                          f"zero.schedule=shard_map at zero.stage 1, 2 or 3, not with zero.schedule={z.schedule} "
+                          f"at zero.stage {z.stage}; use those, or precision.gather=auto|{'|'.join(DTYPES)}")
+
+
+def _offload(cfg) -> None:
+    z = cfg.zero
+    if z.offload != "none" and z.schedule != "shard_map":
+        raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
+                          f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
+                          "or zero.offload=none")
+
+
+def _reduce(cfg) -> None:
+    reduce = cfg.precision.reduce
+    if reduce != "float32" and cfg.zero.schedule == "gspmd":
+        raise ConfigError(f"precision.reduce={reduce!r}: choosing the reduce dtype under gspmd is not "
+                          "implemented in zerojax yet; use zero.schedule=shard_map")
+
+
+def _byte_vocab(cfg) -> None:
+    data, model = cfg.data, cfg.model
+    byte_corpus = (data.source == "stdlib" or data.source.endswith(".txt")) and not data.tokenizer
+    if byte_corpus and model.vocab_size < 256:
+        raise ConfigError(f"model.vocab_size={model.vocab_size} is too small for the byte corpus "
+                          f"data.source={data.source}; it needs model.vocab_size >= 256")
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks a section applies to one value.
 
 
 def _choice(key: str, value: Any, valid: tuple) -> None:

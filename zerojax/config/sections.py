@@ -2,19 +2,24 @@
 
 The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them out). A YAML
 file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are
-parsed to the field's type. Every section checks itself in `__post_init__`; checks that need
-the mesh (batch divisibility) live where the mesh is known (`train.prepare`). Bad input, here and
-everywhere else in zerojax, is a `ConfigError` whose message names the key (or path), the value
-and what would be valid; the CLI turns it into one `zerojax: error:` line and exit code 2. Any
-other exception (a bug, in zerojax or in a user's model) keeps its traceback.
+parsed to the field's type. Every section checks itself in `__post_init__`, against the
+enumerations of `rules`; `Config` then applies the rules between keys (`rules.check_between_keys`).
+Checks that need the mesh (batch divisibility) live where the mesh is known (`train.make_engine`).
+Bad input, here and everywhere else in zerojax, is a `ConfigError` whose message names the key
+(or path), the value and what would be valid; the CLI turns it into one `zerojax: error:` line
+and exit code 2. Any other exception (a bug, in zerojax or in a user's model) keeps its
+traceback.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from zerojax.config.rules import BUILTIN_FAMILIES, DTYPE_ALIASES, FLOAT32_MAX, OFFLOADS, QUANTIZED_GATHERS, _at_least, _choice, _finite, _largest_divisor
-from zerojax.config.rules import DTYPES
+from zerojax.config import rules
+from zerojax.config.rules import (BUILTIN_FAMILIES, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LOSS_SCALES,
+                                  LR_SCHEDULES, OFFLOADS, PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES,
+                                  STAGES)
+from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
 
 
@@ -43,7 +48,7 @@ class ModelConfig:
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
         for key in ("rope_theta", "norm_eps"):
             _finite(f"model.{key}", getattr(self, key), 0, above=True)
-        _choice("model.remat", self.remat, ("none", "full", "dots"))
+        _choice("model.remat", self.remat, REMATS)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}; "
@@ -96,7 +101,7 @@ class MeshConfig:
                 raise ConfigError(f"mesh.{key}={getattr(self, key)} is not valid; it must be >= 1, or -1 to fill "
                                   "the devices the other axis leaves")
         _at_least("mesh.cpu_devices", self.cpu_devices, 1)
-        _choice("mesh.distributed", self.distributed, ("auto", "off"))
+        _choice("mesh.distributed", self.distributed, DISTRIBUTED)
         _at_least("mesh.timeout_s", self.timeout_s, 1)
 
 
@@ -111,8 +116,8 @@ class ZeroConfig:
     offload: str = "none"  # none | optimizer (Adam m, v in pinned host memory) | optimizer+master (and the fp32 master)
 
     def __post_init__(self):
-        _choice("zero.stage", self.stage, (0, 1, 2, 3))
-        _choice("zero.schedule", self.schedule, ("shard_map", "gspmd"))
+        _choice("zero.stage", self.stage, STAGES)
+        _choice("zero.schedule", self.schedule, SCHEDULES)
         _at_least("zero.prefetch", self.prefetch, 0)
         _at_least("zero.min_shard_size", self.min_shard_size, 0)
         _at_least("zero.quant_block", self.quant_block, 1)
@@ -136,13 +141,13 @@ class PrecisionConfig:
     def __post_init__(self):
         for key in ("param", "compute", "gather", "reduce", "frozen"):  # presets fp32 / bf16 / fp16
             object.__setattr__(self, key, DTYPE_ALIASES.get(getattr(self, key), getattr(self, key)))
-        _choice("precision.param", self.param, ("float32",))
+        _choice("precision.param", self.param, PARAM_DTYPES)
         _choice("precision.compute", self.compute, ("auto",) + DTYPES)
         _choice("precision.gather", self.gather, ("auto",) + DTYPES + QUANTIZED_GATHERS)
         _choice("precision.reduce", self.reduce, DTYPES)
         _choice("precision.frozen", self.frozen, DTYPES)
         if isinstance(self.loss_scale, str):
-            _choice("precision.loss_scale", self.loss_scale, ("dynamic", "none"))
+            _choice("precision.loss_scale", self.loss_scale, LOSS_SCALES)
         elif not 0 < self.loss_scale <= FLOAT32_MAX:  # NaN and inf fail too
             raise ConfigError(f"precision.loss_scale={self.loss_scale} must be 'dynamic', 'none' or a static scale "
                               f"> 0 that float32 holds (<= {FLOAT32_MAX:.3g})")
@@ -197,7 +202,7 @@ class OptimConfig:
         _finite("optim.weight_decay", self.weight_decay, 0)
         _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
-        _choice("optim.schedule", self.schedule, ("cosine", "constant"))
+        _choice("optim.schedule", self.schedule, LR_SCHEDULES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,7 +228,7 @@ class TrainConfig:
             _at_least(f"train.{key}", getattr(self, key), 0)
         _at_least("train.eval_batches", self.eval_batches, 1)
         _at_least("train.keep", self.keep, 1)
-        _choice("train.resume", self.resume, ("auto", "never"))
+        _choice("train.resume", self.resume, RESUMES)
         if self.global_batch % self.grad_accum:
             raise ConfigError(
                 f"train.global_batch={self.global_batch} must be divisible by "
@@ -245,21 +250,7 @@ class Config:
     def __post_init__(self):
         if not self.name:
             raise ConfigError("name='' is not valid; give the run a name (its default run directory is runs/<name>)")
-        gather, z = self.precision.gather, self.zero
-        if gather in QUANTIZED_GATHERS and (z.schedule != "shard_map" or z.stage == 0):
-            raise ConfigError(f"precision.gather={gather} (block-quantized weight gathers) is supported with "
-                              f"zero.schedule=shard_map at zero.stage 1, 2 or 3, not with zero.schedule={z.schedule} "
-                              f"at zero.stage {z.stage}; use those, or precision.gather=auto|{'|'.join(DTYPES)}")
-        if z.offload != "none" and z.schedule != "shard_map":
-            raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
-                              f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
-                              "or zero.offload=none")
-        byte_corpus = (self.data.source == "stdlib" or self.data.source.endswith(".txt")) and not self.data.tokenizer
-        if byte_corpus and self.model.vocab_size < 256:
-            raise ConfigError(
-                f"model.vocab_size={self.model.vocab_size} is too small for the byte corpus "
-                f"data.source={self.data.source}; it needs model.vocab_size >= 256"
-            )
+        rules.check_between_keys(self)
 
     @property
     def run_dir(self) -> Path:

@@ -1,18 +1,18 @@
-"""Human-readable renderings of the JSON documents the CLI prints with --json: rich tables for
-the terminal, and the self-contained HTML report page (`zerojax report`, and report.html at the
-end of `zerojax train`).
-"""
+"""The self-contained HTML report page (`zerojax report`, and report.html at the end of `zerojax
+train`): the format explorer, the memory calculator, the stages measured and the curves of runs.
+It imports no jax (the page names the installed jax from its package metadata), and matplotlib
+only where it draws (`plots`)."""
 
 from __future__ import annotations
 
 import datetime
 import html
+import importlib.metadata
 import importlib.resources
 import json
 import re
 import statistics
 from pathlib import Path
-import jax
 from zerojax import __version__, formats
 from zerojax.analysis import formulas
 from zerojax.report.runs import ANALYSIS, Run
@@ -43,9 +43,10 @@ def page(runs: list[Run]) -> str:
             "paper": PAPER}
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     about = f"runs: {', '.join(labels)}" if runs else "no run: the explorer and the calculator only"
+    jax_version = importlib.metadata.version("jax")  # what is installed, without importing it
     parts = {
         "title": html.escape("zerojax report" + (f": {', '.join(labels)}" if runs else "")),
-        "subtitle": html.escape(f"Made {now} by zerojax {__version__} (jax {jax.__version__}); {about}"),
+        "subtitle": html.escape(f"Made {now} by zerojax {__version__} (jax {jax_version}); {about}"),
         "css": (PAGE / "report.css").read_text(),
         "js": (PAGE / "report.js").read_text(),
         "data": json.dumps(data).replace("</", "<\\/"),  # never ends the <script> it sits in

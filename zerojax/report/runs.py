@@ -9,7 +9,6 @@ from pathlib import Path
 import yaml
 from zerojax import config as config_lib
 from zerojax.errors import ConfigError
-from zerojax.analysis import measure
 
 
 ANALYSIS = "analyze.json"  # in a run directory: `zerojax analyze --json` of the run's config
@@ -50,6 +49,8 @@ def read_run(path: Path) -> Run:
 def analyze_run(run: Run) -> Run:
     """`run` with its analysis: every stage's step compiled from its config.yaml (tens of seconds
     on a CPU), kept in RUN_DIR/analyze.json for the next page."""
+    from zerojax.analysis import measure  # jax: only a run without its analyze.json pays for it
+
     doc = measure.analyze(config_lib.load(run.path / "config.yaml"))
     (run.path / ANALYSIS).write_text(json.dumps(doc, allow_nan=False))
     return dataclasses.replace(run, analysis=doc)

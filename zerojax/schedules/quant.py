@@ -44,13 +44,13 @@ class Format:
     largest: float  # Q: a block's absmax maps to this
 
 
-FORMATS = {"int8": Format(jnp.dtype(jnp.int8), 127.0),
-           "float8_e4m3fn": Format(jnp.dtype(jnp.float8_e4m3fn), 448.0)}
+QUANT_FORMATS = {"int8": Format(jnp.dtype(jnp.int8), 127.0),
+                 "float8_e4m3fn": Format(jnp.dtype(jnp.float8_e4m3fn), 448.0)}
 
 
 def is_quantized(dtype) -> bool:
     """Is `dtype` (a policy's gather dtype) one of the block-quantized formats?"""
-    return jnp.dtype(dtype).name in FORMATS
+    return jnp.dtype(dtype).name in QUANT_FORMATS
 
 
 def blocks(n: int, quant_block: int) -> tuple[int, int]:
@@ -67,7 +67,7 @@ def bytes_per_element(quant_block: int, scale_dtype=jnp.float32) -> float:
 
 def quantize(x_n: jax.Array, quant_block: int, dtype, scale_dtype=jnp.float32):
     """x[n] -> (q[b, L] in `dtype`, scale[b] in `scale_dtype`), blocks as `blocks` cuts them."""
-    fmt = FORMATS[jnp.dtype(dtype).name]
+    fmt = QUANT_FORMATS[jnp.dtype(dtype).name]
     count, length = blocks(x_n.shape[0], quant_block)
     x_bL = jnp.pad(x_n.astype(jnp.float32), (0, count * length - x_n.shape[0])).reshape(count, length)
     scale_b = (jnp.max(jnp.abs(x_bL), axis=1) / fmt.largest).astype(scale_dtype)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
-from zerojax.config import file_in_the_way
+from zerojax.config import EXPORT_FORMATS, file_in_the_way
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
 from zerojax.interop import peft
@@ -23,9 +23,6 @@ from zerojax.train.checkpoint import manager, read_metadata
 
 # ---------------------------------------------------------------------------------------------
 # Export: one consolidated safetensors file, or a Hugging Face directory, written leaf by leaf.
-
-FORMATS = ("safetensors", "hf", "peft")
-
 
 def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
     """One parameter of checkpoint `step`, as (index, fp32 numpy block) pieces.
@@ -85,8 +82,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete."""
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new path (export never overwrites)")
     in_the_way = file_in_the_way(out.parent)

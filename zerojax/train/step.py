@@ -96,9 +96,6 @@ def make_engine(cfg: Config, mesh: Mesh) -> Engine:
             f"mesh.replica x mesh.data = {dp}; try train.global_batch={cfg.train.grad_accum * dp * max(1, round(micro / dp))}"
         )
     p = cfg.precision
-    if p.reduce != "float32" and cfg.zero.schedule == "gspmd":
-        raise ConfigError(f"precision.reduce={p.reduce!r}: choosing the reduce dtype under gspmd is not "
-                          "implemented in zerojax yet; use zero.schedule=shard_map")
     policy = make_policy(p.param, p.compute, p.gather, p.reduce, mesh.devices.flat[0].platform, cfg.zero.quant_block)
     scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
                               loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
