@@ -112,7 +112,7 @@ def first_gradient(tiny_overrides, *more):
     s = setup.step
     state = state_lib.init_state(s)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
-    loss_and_grads = step_lib.SCHEDULES[s.schedule](s.mesh, s.plan, s.policy, s.units, s.options)
+    loss_and_grads = step_lib.SCHEDULES[s.unit_schedule](s.mesh, s.plan, s.policy, s.units, s.options)
     scale = state.loss_scale.scale
     _, grads = jax.jit(loss_and_grads)(state.params, batch, scale)
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(s.plan.unpad(grads))]) / float(scale)

@@ -1,17 +1,23 @@
-"""The optimizer: an optax chain of global-norm clipping and AdamW on the fp32 master weights.
+"""The optimizer: an optax chain of global-norm clipping and AdamW on the fp32 master weights
+(`Optimizer`, which knows the chain's two parts and how its state splits), and its update on
+the device (`Optimizer.in_place`; `offload.streamed` is the same update through host memory).
 
 Weight decay is decoupled (AdamW) and masked off norms' scales and all biases: decaying them
 only pulls LayerNorm gains towards zero. The learning rate warms up linearly and then follows
 a cosine down to a tenth of its peak at the last step (or stays constant). Frozen parameters
 (`optim.freeze` patterns, a LoRA base) are not the optimizer's at all: the step hands it the
-trained leaves only, so frozen ones have no optimizer state, no master copy and no update. The chain is elementwise apart from the clipping norm, so on sharded master
-weights each device updates its own shard; under jit the norm is the norm of the whole
-gradient (XLA adds the cross-device sum).
+trained leaves only, so frozen ones have no optimizer state, no master copy and no update.
+
+The chain is elementwise apart from the clipping norm, so on sharded master weights each device
+updates its own shard; under jit the norm is the norm of the whole gradient (XLA adds the
+cross-device sum).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import fnmatch
+from typing import Any, Callable
 import jax
 import optax
 from zerojax.errors import ConfigError
@@ -54,15 +60,55 @@ def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False) 
         raise ConfigError(f"optim.freeze={list(patterns)}{with_lora} freezes every parameter; nothing would train")
 
 
-def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    clip, adamw = optimizer_parts(cfg, total_steps)
-    return optax.chain(clip, adamw) if clip is not None else adamw
+# An update, on device or streamed (`offload.streamed`): (grads, opt_state, params, weights,
+# finite) -> (params, opt_state, weights), of the trained leaves; `weights` is the device copy
+# that zero.offload=optimizer+master keeps (else None). A step whose gradient is not `finite`
+# gives back params, state and weights as they were.
+Update = Callable[..., tuple[Any, Any, Any]]
 
 
-def optimizer_parts(cfg: OptimConfig, total_steps: int):
-    """(clip or None, adamw): the part that needs the whole gradient (its global norm) and the
-    elementwise rest, which `zero.offload` applies one unit at a time. The chain of the two is
-    `make_optimizer`'s, so its state is a (clip's, adamw's) pair with clipping, adamw's without."""
+@dataclass(frozen=True)
+class Optimizer:
+    """AdamW with global-norm clipping, as its two parts: `clip`, which needs the whole gradient
+    (its global norm; None with optim.clip_norm=0), and `elementwise`, the rest (AdamW), which
+    `zero.offload` applies one unit at a time. Its state is `chain`'s, what optax.chain(clip,
+    elementwise) makes (a (clip's, elementwise's) pair), or elementwise's alone without clipping;
+    `split` and `join` are the one place that knows that layout, which checkpoints keep."""
+
+    clip: optax.GradientTransformation | None
+    elementwise: optax.GradientTransformation
+
+    @property
+    def chain(self) -> optax.GradientTransformation:
+        return self.elementwise if self.clip is None else optax.chain(self.clip, self.elementwise)
+
+    def init(self, params):
+        return self.chain.init(params)
+
+    def update(self, grads, state, params):
+        return self.chain.update(grads, state, params)
+
+    def split(self, state) -> tuple[Any, Any]:
+        """(clip's state or None, elementwise's state) of the chain's state."""
+        return (None, state) if self.clip is None else tuple(state)
+
+    def join(self, clip_state, elementwise_state):
+        """The chain's state of its two parts' (`split`'s inverse)."""
+        return elementwise_state if self.clip is None else (clip_state, elementwise_state)
+
+    def in_place(self, grads, state, params, weights, finite):
+        """The `Update` on the device: the whole chain at once (`weights` pass through)."""
+        def apply(params, state):
+            updates, state = self.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+
+        # A cond, not a select between new and old: the update then runs in place on the
+        # donated buffers (a select keeps the old state alive next to the new one).
+        params, state = jax.lax.cond(finite, apply, lambda *old: old, params, state)
+        return params, state, weights
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> Optimizer:
     adamw = optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=decay_mask)
-    return (optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None), adamw
+    return Optimizer(optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None, adamw)

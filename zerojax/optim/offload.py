@@ -17,6 +17,9 @@ stays on the accelerator and only the bytes move). With `optimizer+master` the d
 for the forward and backward, the master's shard in the gather dtype (`TrainState.weights`),
 which the streamed update writes from the new master. A step whose gradient is not finite
 writes every piece back unchanged (a select per piece, not a `cond` around host buffers).
+
+`streamed` is that update: a wrapper around the same `Optimizer` (the same optax chain, the same
+state) that the device path applies whole, so a checkpoint saved with offload resumes without it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from zerojax.errors import ConfigError
+from zerojax.optim.adamw import Optimizer, Update
 from zerojax.schedules.prefetch import layer_at, layer_put
 from zerojax.schedules.storage import stored_weights
 
@@ -71,74 +75,88 @@ def to_host(tree):
     return jax.device_put(tree, jax.memory.Space.Host)
 
 
-def streamed_update(elementwise: optax.GradientTransformation, offload: Offload, grads, state, params,
-                    finite, stacked: tuple[str, ...], weights=None, weights_dtype=None):
-    """The elementwise optimizer applied unit by unit: (new params, new state, new weights).
+def streamed(optimizer: Optimizer, offload: Offload, stacked: tuple[str, ...], weights_dtype) -> Update:
+    """`optimizer`'s update with its elementwise part streamed unit by unit (an `Update`, like
+    `Optimizer.in_place`): clipping on the device, then the outer unit, then each of the
+    `stacked` stacks layer by layer in a `fori_loop`. The state's copies of a parameter live on
+    the host (and the trained leaves too with `offload.master`), and come to the device one
+    piece at a time; `weights` (with `offload.master`, the device copy in `weights_dtype`, kept
+    as `storage.stored_weights` keeps it) is rewritten in place from the new master."""
+    params_in = to_device if offload.master else (lambda p: p)
+    params_out = to_host if offload.master else (lambda p: p)
 
-    `grads`, `params`: the trained leaves (nested dicts, master layout); `state`: the
-    elementwise optimizer's state, whose copies of a parameter (dicts shaped like `params`)
-    live on the host (and `params` too with `offload.master`); `stacked`: the stacks, updated
-    layer by layer. `weights`: with `offload.master`, the device copy of the trained weights in
-    `weights_dtype` (a 2-byte float kept as its bits, `fsdp.stored_weights`), rewritten in place
-    from the new master (else None)."""
-    flat, treedef = jax.tree.flatten(state, is_leaf=lambda x: isinstance(x, dict))
-    structure = jax.tree.structure(params)
-    copies = [i for i, x in enumerate(flat) if isinstance(x, dict)]
-    for i in copies:
-        if jax.tree.structure(flat[i]) != structure:
-            raise NotImplementedError("zero.offload streams optimizer states whose dicts are copies of the "
-                                      "parameters (as optax's Adam moments are); this state holds another dict")
-    scalars = [x for i, x in enumerate(flat) if i not in copies]
+    def update(grads, opt_state, params, weights, finite):
+        clip_state, state = optimizer.split(opt_state)
+        if optimizer.clip is not None:  # needs the whole gradient: on the device, before any piece
+            grads, new_clip_state = optimizer.clip.update(grads, clip_state)
+            clip_state = _select(finite, new_clip_state, clip_state)
+        counts = cut(state, params, lambda _: None)  # what every piece's update starts from
+        if any(jnp.ndim(x) for x in jax.tree.leaves(counts)):
+            raise NotImplementedError("zero.offload streams optimizer states made of copies of the parameters "
+                                      "(as optax's Adam moments are) and scalars; this state holds other arrays")
 
-    def update(g, p, moments, scalars):
-        """One piece on the device: its gradient, params and moments (dicts of the same keys)."""
-        it = iter(moments), iter(scalars)
-        piece_state = treedef.unflatten([next(it[0]) if i in copies else next(it[1]) for i in range(len(flat))])
-        updates, new_state = elementwise.update(g, piece_state, p)
-        new_p = optax.apply_updates(p, updates)
-        new_flat = jax.tree.flatten(new_state, is_leaf=lambda x: isinstance(x, dict))[0]
-        new = (new_p, [new_flat[i] for i in copies], [x for i, x in enumerate(new_flat) if i not in copies])
-        # A non-finite step writes every piece back as it was (bit-identical).
-        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (p, list(moments), list(scalars)))
+        def apply(g, p, s):
+            """One piece's update on the device: its gradient, parameters and state (its copies cut
+            to the piece, `counts` as they were before the step). A non-finite step gives the piece
+            back as it was, bit-identical (a select per piece, not a `cond` around host buffers)."""
+            p = params_in(p)
+            updates, new = optimizer.elementwise.update(g, s, p)
+            return _select(finite, (optax.apply_updates(p, updates), new), (p, s))
 
-    def params_in(p):
-        return to_device(p) if offload.master else p
+        new_params, new_weights = {}, {}
+        outer = [k for k in params if k not in stacked]
+        if outer:
+            pick = lambda tree: {k: tree[k] for k in outer}
+            p, s = apply(pick(grads), pick(params), cut(state, params, lambda c: to_device(pick(c))))
+            state = paste(state, params, s, lambda c, new: {**c, **to_host(new)})
+            new_params.update(params_out(p))
+            if offload.master:
+                new_weights.update(stored_weights(p, weights_dtype))
 
-    def params_out(p):
-        return to_host(p) if offload.master else p
+        for name in [k for k in params if k in stacked]:
+            def layer(i, carry, name=name, like=params[name]):
+                p_all, s_all, w_all = carry  # s_all: `state` with its copies cut to this stack
+                piece = paste(s_all, like, counts, lambda c, _: to_device(layer_at(c, i)))
+                p, s = apply(layer_at(grads[name], i), layer_at(p_all, i), piece)
+                s_all = paste(s_all, like, s, lambda c, new: layer_put(c, to_host(new), i))
+                w_all = layer_put(w_all, stored_weights(p, weights_dtype), i) if offload.master else w_all
+                return layer_put(p_all, params_out(p), i), s_all, w_all
 
-    pick = lambda tree, keys: {k: tree[k] for k in keys}
-    moments = [flat[i] for i in copies]
-    new_params, new_moments, new_weights, new_scalars = {}, [{} for _ in copies], {}, scalars
+            p, s, w = jax.lax.fori_loop(0, jax.tree.leaves(params[name])[0].shape[0], layer,
+                                        (params[name], cut(state, params, lambda c: c[name]),
+                                         weights[name] if offload.master else None))
+            state = paste(state, params, s, lambda c, new: {**c, name: new})
+            new_params[name], new_weights[name] = p, w
 
-    outer = [k for k in params if k not in stacked]
-    if outer:
-        p, m, new_scalars = update(pick(grads, outer), params_in(pick(params, outer)),
-                                   to_device([pick(x, outer) for x in moments]), scalars)
-        new_params.update(params_out(p))
-        for out, x in zip(new_moments, to_host(m)):
-            out.update(x)
-        if offload.master:
-            new_weights.update(stored_weights(p, weights_dtype))
+        return new_params, optimizer.join(clip_state, state), (new_weights if offload.master else None)
 
-    for name in [k for k in params if k in stacked]:
-        def layer(i, carry, name=name):
-            p_all, m_all, w_all, _ = carry
-            p, m, s = update(layer_at(grads[name], i), params_in(layer_at(p_all, i)), to_device(layer_at(m_all, i)),
-                             scalars)
-            w_all = layer_put(w_all, stored_weights(p, weights_dtype), i) if offload.master else w_all
-            return layer_put(p_all, params_out(p), i), layer_put(m_all, to_host(m), i), w_all, s
+    return update
 
-        w0 = weights[name] if offload.master else None
-        p, m, w, new_scalars = jax.lax.fori_loop(
-            0, jax.tree.leaves(params[name])[0].shape[0], layer,
-            (params[name], [x[name] for x in moments], w0, scalars))
-        new_params[name] = p
-        for out, x in zip(new_moments, m):
-            out[name] = x
-        if offload.master:
-            new_weights[name] = w
 
-    it = iter(new_moments), iter(new_scalars)
-    new_state = treedef.unflatten([next(it[0]) if i in copies else next(it[1]) for i in range(len(flat))])
-    return new_params, new_state, (new_weights if offload.master else None)
+# An elementwise optimizer's state holds copies of the parameters (Adam's mu and nu), each a
+# subtree with the parameters' tree structure, and scalars beside them (step counts) that every
+# piece's update advances alike. `cut` and `paste` map over such a state with each copy as one
+# leaf (`is_leaf`), so the state's own structure (what optax makes, what checkpoints hold)
+# is never rebuilt by hand.
+
+
+def _copies_of(like):
+    structure = jax.tree.structure(like)
+    return lambda x: jax.tree.structure(x) == structure
+
+
+def cut(state, like, fn):
+    """`state` with each copy of `like` replaced by fn(copy) (a piece of it, moved); the rest as is."""
+    is_copy = _copies_of(like)
+    return jax.tree.map(lambda x: fn(x) if is_copy(x) else x, state, is_leaf=is_copy)
+
+
+def paste(state, like, piece, fn):
+    """`state` with each copy of `like` replaced by fn(copy, `piece`'s copy there) and the rest by
+    `piece`'s (`piece`: a state of the same structure down to the copies, which may differ)."""
+    is_copy = _copies_of(like)
+    return jax.tree.map(lambda x, new: fn(x, new) if is_copy(x) else new, state, piece, is_leaf=is_copy)
+
+
+def _select(finite, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)

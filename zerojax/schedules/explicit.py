@@ -116,7 +116,7 @@ def _add(a, b):
 
 
 @dataclass(frozen=True)
-class Schedule:
+class UnitPasses:
     """The per-device forward and backward of one microbatch over a model's units."""
 
     units: Units
@@ -242,7 +242,7 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
     """(master, batch, scale) -> (loss, fp32 gradient of scale x loss in the plan's grad layout),
     computed per device in `jax.shard_map` by the unit schedule of the plan's stage."""
     n_devices, stage, k = mesh.shape[REPLICA] * mesh.shape[DATA], plan.layout, options.grad_accum
-    schedule = Schedule(units, plan, policy, options, n_devices * k)
+    passes = UnitPasses(units, plan, policy, options, n_devices * k)
     frozen = plan.frozen
 
     def by_group(leaves, fn, *trees):
@@ -273,12 +273,12 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
     def local(master, batch_BS, scale):
         weights, shards = sources(master), trained(master, frozen)
         if k == 1:
-            loss, weight, grads = schedule.local_grads(weights, shards, batch_BS, scale)
+            loss, weight, grads = passes.local_grads(weights, shards, batch_BS, scale)
         else:
             like = shards if stage.accum else trained(weights, frozen)  # sharded, or whole local gradients
 
             def body(acc, micro_BS):
-                return _add(acc, schedule.local_grads(weights, shards, micro_BS, scale)), None
+                return _add(acc, passes.local_grads(weights, shards, micro_BS, scale)), None
 
             zero = jnp.zeros((), jnp.float32)
             acc = (zero, zero, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), like))

@@ -30,15 +30,15 @@ class TrainState(NamedTuple):
     #                      device, in the master layout (what forward and backward read); else None
 
 
-def state_shardings(step: Engine, abstract_state: TrainState):
+def state_shardings(engine: Engine, abstract_state: TrainState):
     """Where each part of the state lives: the plan's layout, in host memory where zero.offload
     puts it (every optimizer-state copy of a parameter; the trained leaves' master)."""
-    plan, offload = step.plan, step.offload  # frozen leaves: sharded at stage 3 only, never offloaded
+    plan, offload = engine.plan, engine.offload  # frozen leaves: sharded at stage 3 only, never offloaded
     weights = plan.specs(plan.layout.master, plan.trained_leaves) if offload.master else None
     specs = TrainState(P(), plan.master_specs, plan_lib.state_specs(abstract_state.opt_state, plan,
                                                                          plan.layout.master),
                        P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale), weights)
-    shardings = trees.named(step.mesh, specs)
+    shardings = trees.named(engine.mesh, specs)
     if offload.moments:
         copies = plan_lib.map_like_params(abstract_state.opt_state, plan, lambda *_: True, lambda _: False)
         shardings = shardings._replace(opt_state=jax.tree.map(
@@ -49,26 +49,27 @@ def state_shardings(step: Engine, abstract_state: TrainState):
     return shardings
 
 
-def init_state(step: Engine, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
+def init_state(engine: Engine, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
     """Master weights and optimizer state, born in the plan's layout (never gathered whole).
 
     With `abstract`, only the shapes and shardings (for compiling without allocating);
     `loaded`: parameters (true or stored shapes) to start from instead of the model's
     initialisation; leaves it lacks (new LoRA adapters) are initialised (XLA drops the rest of
     the initialisation, whose values are not used)."""
-    plan = step.plan
+    plan = engine.plan
 
     def init(loaded) -> TrainState:
         if loaded is None or jax.tree.structure(loaded) != jax.tree.structure(plan.leaves):
-            fresh = nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed, step.lora), nnx.Param))
+            model = build_model(engine.model, engine.policy, engine.seed, engine.lora)
+            fresh = nnx.to_pure_dict(nnx.state(model, nnx.Param))
             loaded = fresh if loaded is None else _fill(fresh, loaded)
         params = plan.cast(plan.pad(loaded))
         zero = jnp.zeros((), jnp.int32)
-        opt_state = step.optimizer.init(trees.trained(params, plan.frozen))
-        return TrainState(zero, params, opt_state, zero, step.scaler.init(), step.weights_of(params))
+        opt_state = engine.optimizer.init(trees.trained(params, plan.frozen))
+        return TrainState(zero, params, opt_state, zero, engine.scaler.init(), engine.weights_of(params))
 
     shapes = jax.eval_shape(init, None)
-    shardings = state_shardings(step, shapes)
+    shardings = state_shardings(engine, shapes)
     if abstract:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
     return jax.jit(init, out_shardings=shardings)(loaded)

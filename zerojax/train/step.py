@@ -1,10 +1,12 @@
-"""The train step: the model chosen by `model.family`, TrainState, init, and the jitted step
-under either schedule. No run loop (`train.py`), so `zerojax analyze` builds a step without it.
+"""The Engine (everything the compiled step needs: the model chosen by `model.family`, its plan,
+the optimizer), the jitted train step under either unit schedule, and the eval step. No run
+loop (`train.loop`), so `zerojax analyze` builds a step without it; the state is `train.state`'s.
 
-Every ZeRO stage is the same step with a different sharding plan (`zerojax.sharding`): the fp32
-master weights and Adam moments live in the plan's master layout and the optimizer updates
-them where they lie. The loss and gradient come from one of two schedules with one signature,
-`make_loss_and_grads(mesh, plan, policy, units, options)`: `fsdp` (`zero.schedule=shard_map`,
+Every ZeRO stage is the same step with a different sharding plan (`zerojax.parallel.plan`): the
+fp32 master weights and Adam moments live in the plan's master layout and the optimizer updates
+them where they lie, in place or streamed through host memory (`zero.offload`), one update path
+either way. The loss and gradient come from one of two schedules with one signature,
+`make_loss_and_grads(mesh, plan, policy, units, options)`: `explicit` (`zero.schedule=shard_map`,
 the explicit unit schedule) or `gspmd` (annotations left to XLA).
 """
 
@@ -21,7 +23,7 @@ from zerojax.parallel import mesh as mesh_lib
 from zerojax.config import Config, LoraConfig, ModelConfig
 from zerojax.errors import ConfigError
 from zerojax.models import Units
-from zerojax.optim import make_optimizer, make_schedule, optimizer_parts
+from zerojax.optim import Optimizer, make_optimizer, make_schedule
 from zerojax.precision import LossScaler, Policy, make_loss_scaler, make_policy
 from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
@@ -39,7 +41,7 @@ SCHEDULES = {"shard_map": explicit.make_loss_and_grads, "gspmd": gspmd.make_loss
 # Everything the compiled step needs, and nothing of the loop.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Engine:
     model: ModelConfig
     seed: int
@@ -48,14 +50,12 @@ class Engine:
     units: Units  # the model's units (graphdefs); parameters travel separately
     plan: plan_lib.Plan  # also says which leaves are frozen (LeafPlan.frozen)
     lora: LoraConfig
-    optimizer: optax.GradientTransformation
-    lr: optax.Schedule
+    optimizer: Optimizer  # the optax chain and its two parts (zerojax.optim.adamw)
+    lr_schedule: optax.Schedule  # the optimizer's learning rate at a step (for the metrics)
     scaler: LossScaler
-    schedule: str  # shard_map | gspmd
+    unit_schedule: str  # zero.schedule: shard_map | gspmd (a key of SCHEDULES)
     options: StepOptions
     offload: offload_lib.Offload = offload_lib.Offload()
-    clip: optax.GradientTransformation | None = None  # `optimizer`'s two parts (optim.optimizer_parts)
-    elementwise: optax.GradientTransformation | None = None
 
     def view(self, master):
         """The model over the compute view of the master weights (eval, sampling)."""
@@ -100,83 +100,57 @@ def make_engine(cfg: Config, mesh: Mesh) -> Engine:
     scaler = make_loss_scaler(p.loss_scale, policy, initial_scale_power=p.initial_scale_power,
                               loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
                               min_loss_scale=p.min_loss_scale)
-    lora = cfg.optim.lora
-    model = abstract_model(cfg.model, policy, cfg.train.seed, lora)
+    model = abstract_model(cfg.model, policy, cfg.train.seed, cfg.optim.lora)
     units = Units.of(model)
-    plan = param_plan(cfg, model, units.names, cfg.zero.stage, mesh.shape[mesh_lib.DATA])
     z = cfg.zero
+    plan = param_plan(cfg, model, units.names, z.stage, mesh.shape[mesh_lib.DATA])
     offload_lib.check_backend(mesh, z.offload)
-    options = StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch, z.reshard_after_forward)
-    clip, elementwise = optimizer_parts(cfg.optim, cfg.train.steps)
-    return Engine(cfg.model, cfg.train.seed, mesh, policy, units, plan, lora,
-                make_optimizer(cfg.optim, cfg.train.steps), make_schedule(cfg.optim, cfg.train.steps), scaler,
-                z.schedule, options, offload_lib.Offload(z.offload), clip, elementwise)
+    return Engine(model=cfg.model, seed=cfg.train.seed, mesh=mesh, policy=policy, units=units, plan=plan,
+                  lora=cfg.optim.lora, optimizer=make_optimizer(cfg.optim, cfg.train.steps),
+                  lr_schedule=make_schedule(cfg.optim, cfg.train.steps), scaler=scaler,
+                  unit_schedule=z.schedule, options=StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch,
+                                                                z.reshard_after_forward),
+                  offload=offload_lib.Offload(z.offload))
 
 
-def make_train_step(step: Engine, abstract_state: TrainState | None = None):
-    """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW.
+def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
+    """The jitted step: scaled gradients, unscaled in fp32, global norm, AdamW (in place on the
+    device, or streamed through host memory with zero.offload: the same optimizer either way).
 
     A step whose gradient is not finite changes nothing but the loss-scale state: parameters,
     Adam moments and the optimizer's step count stay bit-identical."""
-    loss_and_grads = SCHEDULES[step.schedule](step.mesh, step.plan, step.policy, step.units, step.options)
-    frozen = step.plan.frozen
+    loss_and_grads = SCHEDULES[engine.unit_schedule](engine.mesh, engine.plan, engine.policy, engine.units,
+                                                     engine.options)
+    update = (offload_lib.streamed(engine.optimizer, engine.offload, engine.units.names, engine.weights_dtype)
+              if engine.offload.moments else engine.optimizer.in_place)
+    frozen = engine.plan.frozen
 
     def train_step(state: TrainState, batch_BS: jax.Array):
         scale = state.loss_scale.scale
         # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
         # reduced or applied, and they come out of the step as they went in.
-        loss, grads = loss_and_grads(step.step_params(state), batch_BS, scale)
+        loss, grads = loss_and_grads(engine.step_params(state), batch_BS, scale)
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
-        if step.offload.moments:
-            return offloaded(state, grads, finite, loss, grad_norm)
-
-        def update(params, opt_state):
-            updates, opt_state = step.optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        # A cond, not a select between new and old: the update then runs in place on the
-        # donated buffers (a select keeps the old state alive next to the new one).
-        trained, opt_state = jax.lax.cond(finite, update, lambda *old: old,
-                                          trees.trained(state.params, frozen), state.opt_state)
-        params = trees.combine(trained, trees.frozen_part(state.params, frozen))
-        new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=params, opt_state=opt_state,
-                               skipped=jnp.where(finite, 0, state.skipped + 1),
-                               loss_scale=step.scaler.update(state.loss_scale, finite))
-        return new_state, metrics_of(state, new_state, finite, loss, grad_norm)
-
-    def metrics_of(state, new_state, finite, loss, grad_norm):
-        return {"loss": loss, "grad_norm": grad_norm, "lr": step.lr(state.step), "skipped": ~finite,
-                "skipped_in_a_row": new_state.skipped, "loss_scale": state.loss_scale.scale}
-
-    def offloaded(state: TrainState, grads, finite, loss, grad_norm):
-        """The update streamed unit by unit through host memory (`zerojax.offload`): clipping
-        first, on the device (it needs only the gradient's global norm), then AdamW per unit."""
-        opt_state = state.opt_state
-        if step.clip is not None:  # optax.chain's state: (clip's, adamw's)
-            grads, _ = step.clip.update(grads, opt_state[0])
-            adam_state = opt_state[1]
-        else:
-            adam_state = opt_state
-        trained, adam_state, weights = offload_lib.streamed_update(
-            step.elementwise, step.offload, grads, adam_state, trees.trained(state.params, frozen),
-            finite, step.units.names, state.weights, step.weights_dtype)
-        opt_state = (opt_state[0], adam_state) if step.clip is not None else adam_state
+        trained, opt_state, weights = update(grads, state.opt_state, trees.trained(state.params, frozen),
+                                             state.weights, finite)
         new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                                params=trees.combine(trained, trees.frozen_part(state.params, frozen)),
                                opt_state=opt_state, skipped=jnp.where(finite, 0, state.skipped + 1),
-                               loss_scale=step.scaler.update(state.loss_scale, finite), weights=weights)
-        return new_state, metrics_of(state, new_state, finite, loss, grad_norm)
+                               loss_scale=engine.scaler.update(state.loss_scale, finite), weights=weights)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": engine.lr_schedule(state.step), "skipped": ~finite,
+                   "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
+        return new_state, metrics
 
-    shardings = state_shardings(step, abstract_state or init_state(step, abstract=True))
-    return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(step.mesh)),
-                   out_shardings=(shardings, mesh_lib.replicated(step.mesh)), donate_argnums=0)
+    shardings = state_shardings(engine, abstract_state or init_state(engine, abstract=True))
+    return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(engine.mesh)),
+                   out_shardings=(shardings, mesh_lib.replicated(engine.mesh)), donate_argnums=0)
 
 
-def make_eval_step(step: Engine):
+def make_eval_step(engine: Engine):
     """(master, batch) -> the batch's mean loss (weighted as the protocol says)."""
-    loss = gspmd.make_loss(step.mesh, step.plan, step.policy, step.units)
+    loss = gspmd.make_loss(engine.mesh, engine.plan, engine.policy, engine.units)
     return jax.jit(lambda params, batch_BS: loss(params, batch_BS)[0])
 
 
