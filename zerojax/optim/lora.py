@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 from zerojax.errors import ConfigError
 from zerojax.config import LoraConfig
+from zerojax.optim.adamw import is_frozen
 from zerojax.parallel.trees import path_name
 
 
@@ -101,7 +102,6 @@ def attach(model, cfg: LoraConfig, stacked: tuple[str, ...], rngs: nnx.Rngs):
 
 def frozen_mask(params, freeze_patterns: tuple[str, ...], lora: bool):
     """Leaves not trained: the `optim.freeze` patterns', and with LoRA every non-adapter leaf."""
-    from zerojax.optim import is_frozen
 
     def frozen(path, _):
         name = path_name(path)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from zerojax.data import load_tokenizer
+
 
 def sample_text(view, params, corpus, seq_len: int, seed: int, prompt: str = "def ", n_new: int = 200) -> str:
     """A short continuation of `prompt` (bytes corpora; else the validation split's first tokens)
     from the trained model, whose `logits(tokens)` method `view(params)` reaches."""
     if corpus.tokenizer:  # text through a Hugging Face tokenizer: encoded and decoded by it
-        from zerojax.data import load_tokenizer
-
         tok = load_tokenizer(corpus.tokenizer)
         ids = generate(view, params, tok.encode(prompt).ids, n_new, seq_len, seed, vocab=corpus.vocab_size)
         return tok.decode(ids)
