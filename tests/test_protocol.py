@@ -113,6 +113,14 @@ def test_an_import_error_in_the_users_module_is_bad_input(tmp_path):
                            "No module named 'not_installed_anywhere')\n")
 
 
+def test_config_and_the_registry_import_no_jax():
+    """The families' modules (and jax) are imported when a family is first asked for, not before."""
+    code = ("import sys, zerojax.config, zerojax.models.registry, zerojax.models.family; "
+            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith(('jax', 'flax')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_a_bug_in_the_users_model_shows_its_traceback(tmp_path):
     (tmp_path / "twostack_model.py").write_text((TESTS / "twostack_model.py").read_text())
     proc = zerojax("train", "model.family=twostack_model:buggy", cwd=tmp_path)

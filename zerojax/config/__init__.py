@@ -7,7 +7,6 @@ rules between keys. Importing it imports no jax.
     values.py     parsing a YAML or command-line value to a field's type
 """
 
-from zerojax.config.huggingface import *  # noqa: F401,F403
 from zerojax.config.load import *  # noqa: F401,F403
 from zerojax.config.rules import *  # noqa: F401,F403
 from zerojax.config.sections import *  # noqa: F401,F403

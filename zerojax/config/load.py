@@ -8,7 +8,6 @@ import difflib
 from pathlib import Path
 from typing import Any
 import yaml
-from zerojax.config.huggingface import _from_hugging_face
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
 from zerojax.config.values import _field_type, coerce
@@ -153,6 +152,25 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
         _set(tree, *parse_override(text))
     _from_hugging_face(tree)
     return _build(tree)
+
+
+def _from_hugging_face(tree: dict) -> None:
+    """With model.init_from a directory, take the model's keys from its config.json; a key also
+    set in the YAML or on the command line must agree with it (model.seq_len may be shorter)."""
+    model = tree.get("model", {})
+    if not model.get("init_from") or not Path(model["init_from"]).is_dir():
+        return
+    from zerojax.interop.hf import hf_model_keys  # jax: only for a Hugging Face directory
+
+    for key, value in hf_model_keys(model["init_from"]).items():
+        given = model.get(key)
+        if key == "seq_len" and given is not None and given <= value:
+            continue  # a shorter context uses the first rows of the position table
+        if given is not None and given != value:
+            raise ConfigError(f"model.{key}={given!r} contradicts {model['init_from']}/config.json, which says "
+                              f"{value!r}; drop the override (or use another checkpoint)")
+        model[key] = value
+    tree["model"] = model
 
 
 def to_dict(cfg: Config) -> dict:

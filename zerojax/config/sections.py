@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (BUILTIN_FAMILIES, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LOSS_SCALES,
-                                  LR_SCHEDULES, OFFLOADS, PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES,
-                                  STAGES)
+from zerojax.config.rules import (DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+                                  PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
+from zerojax.models import registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +40,9 @@ class ModelConfig:
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
 
     def __post_init__(self):
-        if self.family not in BUILTIN_FAMILIES and ":" not in self.family:
+        if self.family not in registry.FAMILIES and ":" not in self.family:
             raise ConfigError(f"model.family={self.family!r} is not valid; choose one of "
-                              f"{', '.join(BUILTIN_FAMILIES)}, or module:factory for a model of your own")
+                              f"{', '.join(registry.FAMILIES)}, or module:factory for a model of your own")
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"):
             _at_least(f"model.{key}", getattr(self, key), 1)
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
@@ -57,15 +57,8 @@ class ModelConfig:
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
                               f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
-        if self.family == "gpt" and self.n_kv_heads not in (0, self.n_heads):
-            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads}: grouped-query attention is llama's; gpt has one "
-                              "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")
-        if self.family == "llama" and (self.d_model // self.n_heads) % 2:
-            even = [h for h in range(self.n_heads, 0, -1) if self.d_model % h == 0 and self.d_model // h % 2 == 0]
-            fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
-            raise ConfigError(f"model.d_model={self.d_model} / model.n_heads={self.n_heads} = "
-                              f"{self.d_model // self.n_heads}: llama's rotary embedding needs an even head "
-                              f"dimension; {fix}")
+        if self.family in registry.FAMILIES:  # the family's own rules (imports its module, and jax)
+            registry.family_module(self.family).check_config(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,14 +1,17 @@
-"""Hugging Face checkpoints in and out: `LlamaForCausalLM` (and Mistral's identical layout) and
-`GPT2LMHeadModel`, as safetensors, one tensor at a time.
+"""Hugging Face checkpoints in and out, for every family that declares a Hugging Face layout
+(`models.family.HfLayout`, next to the family's modules: its architectures, its config.json keys
+both ways, its tensor table), as safetensors, one tensor at a time. This engine names no family
+and no architecture; it reads them from the registry.
 
 In: `model.init_from=DIR` (config.json, and model.safetensors or model.safetensors.index.json
-with its shards). config.json sets the model's keys (`config.hf_model_keys`); every parameter
-is then built straight into the sharded master layout with `jax.make_array_from_callback`: each
-device's callback reads only its slice of the HF tensor(s) through `safe_open(...).get_slice`
-(the layers of a stacked leaf are separate HF tensors, HF's [out, in] kernels are read
-transposed), so no tensor is read or gathered whole and each process reads only what its
-devices hold (measured on 8 CPU devices, the import's peak still adds 1.4x to 1.7x the largest
-tensor of host memory, not one device's slice: BENCHMARKS.md, "Hugging Face import and export").
+with its shards). config.json's architecture picks the family, whose layout turns the file into
+the model's keys (`hf_model_keys`); every parameter is then built straight into the sharded
+master layout with `jax.make_array_from_callback`: each device's callback reads only its slice
+of the HF tensor(s) through positioned reads (the layers of a stacked leaf are separate HF
+tensors, HF's [out, in] kernels are read transposed), so no tensor is read or gathered whole and
+each process reads only what its devices hold (measured on 8 CPU devices, the import's peak
+still adds 1.4x to 1.7x the largest tensor of host memory, not one device's slice:
+BENCHMARKS.md, "Hugging Face import and export").
 
 Out: `save` (what `zerojax export --format hf` runs) writes config.json, generation_config.json
 and safetensors shards with HF names plus model.safetensors.index.json, one zerojax leaf at a
@@ -23,63 +26,94 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import typing
 from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from zerojax import data
-from zerojax.config import HF_ARCHITECTURES, ModelConfig, hf_model_keys
+from zerojax.config import ModelConfig, coerce
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
 from zerojax.models import registry
-from zerojax.interop.safetensors import Checkpoint, create_safetensors, fill, shard_plan
+from zerojax.models.family import Tensor
+from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill, shard_plan
 
 
-@dataclass(frozen=True)
-class Tensor:
-    """Where a zerojax leaf lives in an HF checkpoint: the name (`{i}`: the layer of a stacked
-    leaf) and whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel)."""
-
-    name: str
-    transposed: bool = False
+# ---------------------------------------------------------------------------------------------
+# config.json: which family, and the model's keys.
 
 
-LLAMA_LAYER = "model.layers.{i}."
-LLAMA = {
-    "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
-    "norm/scale": Tensor("model.norm.weight"),
-    "lm_head/kernel": Tensor("lm_head.weight", True),
-    "layers/input_layernorm/scale": Tensor(LLAMA_LAYER + "input_layernorm.weight"),
-    "layers/post_attention_layernorm/scale": Tensor(LLAMA_LAYER + "post_attention_layernorm.weight"),
-    **{f"layers/self_attn/{p}/kernel": Tensor(LLAMA_LAYER + f"self_attn.{p}.weight", True)
-       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
-    **{f"layers/mlp/{p}/kernel": Tensor(LLAMA_LAYER + f"mlp.{p}.weight", True)
-       for p in ("gate_proj", "up_proj", "down_proj")},
-}
-GPT2_LAYER = "transformer.h.{i}."
-GPT2 = {  # GPT-2's Conv1D weights are stored [in, out], as zerojax's kernels
-    "embed/wte/embedding": Tensor("transformer.wte.weight"),
-    "embed/wpe": Tensor("transformer.wpe.weight"),
-    "head/ln_f/scale": Tensor("transformer.ln_f.weight"),
-    "head/ln_f/bias": Tensor("transformer.ln_f.bias"),
-    "head/lm_head/kernel": Tensor("lm_head.weight", True),
-    **{f"blocks/{ours}/{k}": Tensor(GPT2_LAYER + f"{theirs}.{'weight' if k in ('scale', 'kernel') else 'bias'}")
-       for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2"), ("attn/qkv", "attn.c_attn"),
-                            ("attn/out", "attn.c_proj"), ("mlp/up", "mlp.c_fc"), ("mlp/down", "mlp.c_proj"))
-       for k in (("scale", "bias") if ours.startswith("ln") else ("kernel", "bias"))},
-}
-MAPPINGS = {"llama": LLAMA, "gpt": GPT2}
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in `path` (ConfigError, naming the file, if it is not one)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} holds a JSON {type(doc).__name__}, not {what} (a JSON object)")
+    return doc
 
 
-def mapping(family: str) -> dict:
-    if family not in MAPPINGS:
-        raise ConfigError(f"model.family={family}: no Hugging Face layout; zerojax converts "
-                          f"{', '.join(MAPPINGS)} ({', '.join(HF_ARCHITECTURES)})")
-    return MAPPINGS[family]
+def _refuse_variants(hf: dict, where: Path, family: str) -> dict:
+    """config.json with rope_theta at the top (transformers 5 keeps it in rope_parameters), after
+    refusing what no zerojax family has: rope scaling, a sliding window, attention or MLP biases."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+        raise ConfigError(f"{where}: rope scaling {kind!r} is not supported by zerojax's {family}")
+    for unsupported in ("sliding_window", "attention_bias", "mlp_bias"):
+        if hf.get(unsupported) not in (None, False):
+            raise ConfigError(f"{where}: {unsupported}={hf[unsupported]!r} is not supported by zerojax's {family}")
+    hf = dict(hf)
+    if "rope_theta" in rope:
+        hf.setdefault("rope_theta", rope["rope_theta"])
+    return hf
+
+
+def hf_model_keys(directory: str) -> dict:
+    """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
+    cannot be read or describes a model zerojax does not have)."""
+    where = Path(directory) / "config.json"
+    if not where.is_file():
+        raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
+                          "model directory (config.json and model.safetensors) or a zerojax export file")
+    hf, architectures = read_json_object(where, "a Hugging Face config"), registry.hf_architectures()
+    archs = hf.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, "
+                          f"e.g. [{next(iter(architectures))!r}]")
+    if archs[0] not in architectures:
+        raise ConfigError(f"{where}: architecture {archs[0]!r} is not supported; zerojax reads "
+                          f"{', '.join(architectures)}")
+    family = architectures[archs[0]]
+    layout = registry.hf_layout(family)
+    hf = _refuse_variants(hf, where, family)
+    out = {"family": family, **layout.from_hf_config(hf, where)}
+    hints = typing.get_type_hints(ModelConfig)
+    try:  # the values must make a model: the same checks as the keys given in YAML
+        out = {k: coerce(f"model.{k}", v, hints[k]) for k, v in out.items()}
+        model = ModelConfig(**out)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    for key, (value_of, rule) in layout.derived.items():  # keys zerojax computes must agree
+        if hf.get(key) not in (None, value_of(model)):
+            raise ConfigError(f"{where}: {key}={hf[key]} is not {rule}")
+    return out
+
+
+def hf_config(model: dict, dtype: str) -> dict:
+    """config.json for a zerojax model config (the keys of `run/config.yaml`'s model section)."""
+    layout = registry.hf_layout(model["family"])
+    return {"architectures": [layout.architectures[0]], **layout.to_hf_config(model), "torch_dtype": dtype,
+            "dtype": dtype}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors in: checked from the headers, read slice by slice into the sharded layout.
 
 
 def _expected_shape(leaf: plan_lib.LeafPlan, tensor: Tensor, stacked: bool) -> tuple:
@@ -106,8 +140,7 @@ def check(ckpt: Checkpoint, plan: plan_lib.Plan, table: dict, stacked: tuple[str
             if have is None:
                 raise ConfigError(f"model.init_from={ckpt.directory}: no tensor {name!r}, which the model needs "
                                   f"(it has {len(ckpt.shapes)} tensors, e.g. {sorted(ckpt.shapes)[:2]})")
-            # GPT-2's position table may be longer than the context trained (model.seq_len).
-            fits = have == want or (leaf.path == "embed/wpe" and have[1:] == want[1:] and have[0] >= want[0])
+            fits = have == want or (tensor.may_be_longer and have[1:] == want[1:] and have[0] >= want[0])
             if not fits:
                 raise ConfigError(f"model.init_from={ckpt.directory}: tensor {name!r} has shape {list(have)}, the "
                                   f"model needs {list(want)}")
@@ -153,7 +186,8 @@ def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple
     Face directory, or one safetensors file of zerojax parameter paths (`zerojax export`)."""
     path = Path(init_from)
     if path.is_dir():
-        ckpt, table = Checkpoint.of_directory(init_from), mapping(family)
+        layout = registry.hf_layout(family)
+        ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix), layout.tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
     if not path.is_file():
@@ -186,36 +220,17 @@ def load(directory: str):
     return cfg, model
 
 
-def hf_config(model: dict, dtype: str) -> dict:
-    """config.json for a zerojax model config (the keys of `run/config.yaml`'s model section)."""
-    family = model["family"]
-    arch = {"llama": "LlamaForCausalLM", "gpt": "GPT2LMHeadModel"}[family]
-    keys = HF_ARCHITECTURES[arch][1]
-    tie = model["tie_embeddings"] if model["tie_embeddings"] is not None else family == "gpt"
-    out = {keys[k]: model[k] for k in keys if k not in ("tie_embeddings", "n_kv_heads")}
-    out["tie_word_embeddings"] = tie
-    if family == "llama":  # rope_theta for transformers 4, rope_parameters for 5
-        out.update(model_type="llama", num_key_value_heads=model["n_kv_heads"] or model["n_heads"],
-                   rope_parameters={"rope_type": "default", "rope_theta": model["rope_theta"]},
-                   hidden_act="silu", max_position_embeddings=model["seq_len"], attention_bias=False,
-                   mlp_bias=False, bos_token_id=None, eos_token_id=None)
-    else:
-        out.update(model_type="gpt2", n_positions=model["seq_len"], activation_function="gelu_new",
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
-    return {"architectures": [arch], **out, "torch_dtype": dtype, "dtype": dtype}
-
-
-def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[tuple]:
-    """(HF name, zerojax path, layer or None, HF shape, transposed) for every tensor of the
-    export, in order (a leaf's tensors together)."""
-    table, out = mapping(family), []
+def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[Entry]:
+    """The export's tensors, in order (a leaf's tensors together), named by the family's table."""
+    table, out = registry.hf_layout(family).tensors, []
     for path, shape in shapes.items():
         tensor = table[path]
         flip = (lambda s: tuple(reversed(s))) if tensor.transposed else tuple
         if path.split("/")[0] in stacked:
-            out += [(tensor.name.format(i=i), path, i, flip(shape[1:]), tensor.transposed) for i in range(shape[0])]
+            out += [Entry(tensor.name.format(i=i), path, i, flip(shape[1:]), tensor.transposed)
+                    for i in range(shape[0])]
         else:
-            out.append((tensor.name, path, None, flip(shape), tensor.transposed))
+            out.append(Entry(tensor.name, path, None, flip(shape), tensor.transposed))
     return out
 
 
@@ -244,8 +259,8 @@ def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_
     for name, group in zip(names, files):
         regions.update(create_safetensors(tmp / name, group, dtype))
     fill(regions, tensors, blocks_of, dtype)
-    total = sum(math.prod(t[3]) for t in tensors) * jnp.dtype(dtype).itemsize
-    index = {"metadata": {"total_size": total}, "weight_map": {t[0]: n for n, g in zip(names, files) for t in g}}
+    total = sum(math.prod(t.shape) for t in tensors) * jnp.dtype(dtype).itemsize
+    index = {"metadata": {"total_size": total}, "weight_map": {t.name: n for n, g in zip(names, files) for t in g}}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(hf_config(model, dtype), indent=2))
     (tmp / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))

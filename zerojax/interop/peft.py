@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import jax
-from zerojax.config import read_json_object
 from zerojax.errors import ConfigError
 from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
-from zerojax.interop.hf import Tensor, check, mapping, sharded_params
-from zerojax.interop.safetensors import Checkpoint, create_safetensors, fill
+from zerojax.models import registry
+from zerojax.models.family import Tensor
+from zerojax.interop.hf import check, read_json_object, sharded_params
+from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
 
 PEFT_PREFIX = "base_model.model."
@@ -23,7 +24,7 @@ def peft_mapping(family: str) -> dict:
     `base_model.model.X.lora_A.weight` [r, in] and `...lora_B.weight` [out, r] (zerojax's A [in, r]
     and B [r, out], transposed, whatever HF's own layout for X)."""
     out = {}
-    for path, tensor in mapping(family).items():
+    for path, tensor in registry.hf_layout(family).tensors.items():
         if path.endswith("/kernel"):
             base, layer = PEFT_PREFIX + tensor.name.removesuffix(".weight"), path.removesuffix("/kernel")
             out[f"{layer}/lora_a"] = Tensor(f"{base}.lora_A.weight", True)
@@ -31,7 +32,7 @@ def peft_mapping(family: str) -> dict:
     return out
 
 
-def peft_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[tuple]:
+def peft_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[Entry]:
     """`hf_tensors`' rows for the LoRA adapters among `shapes`, with PEFT's names."""
     from zerojax.optim.lora import is_adapter
 
@@ -41,9 +42,9 @@ def peft_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[tu
             continue
         name = table[path].name
         if path.split("/")[0] in stacked:
-            out += [(name.format(i=i), path, i, tuple(reversed(shape[1:])), True) for i in range(shape[0])]
+            out += [Entry(name.format(i=i), path, i, tuple(reversed(shape[1:])), True) for i in range(shape[0])]
         else:
-            out.append((name, path, None, tuple(reversed(shape)), True))
+            out.append(Entry(name, path, None, tuple(reversed(shape)), True))
     return out
 
 
@@ -86,7 +87,7 @@ def peft_config(config: dict, targets: list[str]) -> dict:
     lora, model = config["optim"]["lora"], config["model"]
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora["rank"], "lora_alpha": lora["alpha"],
             "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
-            "fan_in_fan_out": model["family"] == "gpt",  # GPT-2's Conv1D keeps its weight [in, out]
+            "fan_in_fan_out": registry.hf_layout(model["family"]).fan_in_fan_out,  # [in, out] weights
             "base_model_name_or_path": model.get("init_from") or None, "inference_mode": True,
             "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
             "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}}
@@ -100,7 +101,7 @@ def save_peft(out: Path, config: dict, shapes: dict, stacked: tuple[str, ...], b
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
     tensors = peft_tensors(config["model"]["family"], shapes, stacked)
-    targets = sorted({t[0].split(".")[-3] for t in tensors})  # q_proj, ... (the HF module names)
+    targets = sorted({t.name.split(".")[-3] for t in tensors})  # q_proj, ... (the HF module names)
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     fill(create_safetensors(tmp / "adapter_model.safetensors", tensors, dtype), tensors, blocks_of, dtype)

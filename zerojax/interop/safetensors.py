@@ -12,6 +12,8 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import NamedTuple
+
 import jax.numpy as jnp
 import numpy as np
 from zerojax.errors import ConfigError
@@ -21,7 +23,7 @@ from zerojax.errors import ConfigError
 # Reading: the tensors of a directory, lazily.
 
 
-DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16, "F64": np.float64}
+READ_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16, "F64": np.float64}  # a header's dtype -> numpy
 
 
 class SafetensorsFile:
@@ -38,17 +40,17 @@ class SafetensorsFile:
         header.pop("__metadata__", None)
         self.path, self.start, self.header = path, 8 + n, header
         for name, entry in header.items():
-            if entry["dtype"] not in DTYPES:
-                raise ValueError(f"tensor {name} has dtype {entry['dtype']}; zerojax reads {', '.join(DTYPES)}")
+            if entry["dtype"] not in READ_DTYPES:
+                raise ValueError(f"tensor {name} has dtype {entry['dtype']}; zerojax reads {', '.join(READ_DTYPES)}")
             begin, end = entry["data_offsets"]
-            if end - begin != math.prod(entry["shape"]) * np.dtype(DTYPES[entry["dtype"]]).itemsize:
+            if end - begin != math.prod(entry["shape"]) * np.dtype(READ_DTYPES[entry["dtype"]]).itemsize:
                 raise ValueError(f"tensor {name}'s byte range does not match its shape")
         if self.start + max((e["data_offsets"][1] for e in header.values()), default=0) > size:
             raise ValueError("the file is shorter than its header says (truncated)")
 
     def read(self, name: str, index: tuple) -> np.ndarray:
         entry = self.header[name]
-        shape, dtype = tuple(entry["shape"]), np.dtype(DTYPES[entry["dtype"]])
+        shape, dtype = tuple(entry["shape"]), np.dtype(READ_DTYPES[entry["dtype"]])
         index = tuple(index) + (slice(None),) * (len(shape) - len(index))
         rows = range(*index[0].indices(shape[0])) if shape else range(1)
         row_bytes = math.prod(shape[1:]) * dtype.itemsize
@@ -61,8 +63,9 @@ class SafetensorsFile:
 class Checkpoint:
     """Safetensors file(s), read lazily: name -> shape, and slices on demand."""
 
-    def __init__(self, paths: list[Path], where: str):
+    def __init__(self, paths: list[Path], where: str, optional_prefix: str = ""):
         self.files, self.shapes, self.where, self.directory = {}, {}, {}, where
+        self.optional_prefix = optional_prefix  # a name may be stored without it (`resolve`)
         for path in paths:
             try:
                 handle = SafetensorsFile(path)
@@ -74,7 +77,7 @@ class Checkpoint:
             self.files[path.name] = handle
 
     @classmethod
-    def of_directory(cls, directory: str) -> "Checkpoint":
+    def of_directory(cls, directory: str, optional_prefix: str = "") -> "Checkpoint":
         """A Hugging Face directory's model.safetensors, or the shards its index names."""
         root = Path(directory)
         index = root / "model.safetensors.index.json"
@@ -86,16 +89,16 @@ class Checkpoint:
             missing = sorted(f for f in set(weight_map.values()) if not (root / f).is_file())
             if missing:
                 raise ConfigError(f"{index} names {missing[0]}, which is not in {directory}")
-            return cls([root / f for f in sorted(set(weight_map.values()))], directory)
+            return cls([root / f for f in sorted(set(weight_map.values()))], directory, optional_prefix)
         if (root / "model.safetensors").is_file():
-            return cls([root / "model.safetensors"], directory)
+            return cls([root / "model.safetensors"], directory, optional_prefix)
         raise ConfigError(f"model.init_from={directory!r} has no model.safetensors nor model.safetensors.index.json")
 
     def resolve(self, name: str) -> str | None:
-        """The name as stored: the original hub GPT-2 files drop the `transformer.` prefix."""
+        """The name as stored, which may lack the family's optional prefix (`HfLayout.optional_prefix`)."""
         if name in self.shapes:
             return name
-        bare = name.removeprefix("transformer.")
+        bare = name.removeprefix(self.optional_prefix) if self.optional_prefix else name
         return bare if bare in self.shapes else None
 
     def read(self, name: str, index: tuple) -> np.ndarray:
@@ -111,11 +114,23 @@ SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
 BLOCK_BYTES = 16 * 2**20  # what a writer maps and fills at a time
 
 
-def shard_plan(tensors: list, itemsize: int, max_shard_bytes: int) -> list[list]:
+class Entry(NamedTuple):
+    """One tensor of a file being written: its name there, the zerojax leaf it comes from (`layer`:
+    which layer of a stacked leaf, None for the whole leaf), its shape in the file, and whether it
+    is the leaf's block transposed (HF's [out, in] for a zerojax [in, out] kernel)."""
+
+    name: str
+    path: str
+    layer: int | None
+    shape: tuple
+    transposed: bool = False
+
+
+def shard_plan(tensors: list[Entry], itemsize: int, max_shard_bytes: int) -> list[list[Entry]]:
     """Tensors grouped into files of at most `max_shard_bytes` (a bigger tensor alone), in order."""
     files, size = [[]], 0
     for t in tensors:
-        nbytes = math.prod(t[3]) * itemsize
+        nbytes = math.prod(t.shape) * itemsize
         if files[-1] and size + nbytes > max_shard_bytes:
             files.append([])
             size = 0
@@ -124,21 +139,22 @@ def shard_plan(tensors: list, itemsize: int, max_shard_bytes: int) -> list[list]
     return files
 
 
-def create_safetensors(path: Path, tensors: list, dtype: str) -> dict:
-    """A safetensors file of `tensors` (from `hf_tensors`), its header written and its data
-    region allocated (zeros), to be filled by `fill`. Returns name -> (file, data offset)."""
+def create_safetensors(path: Path, tensors: list[Entry], dtype: str) -> dict:
+    """A safetensors file of `tensors`, its header written and its data region allocated
+    (zeros), to be filled by `fill`. Returns name -> (file, data offset)."""
     np_dtype = jnp.dtype(dtype)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, _, _, shape, _ in tensors:
-        size = math.prod(shape) * np_dtype.itemsize
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+    for t in tensors:
+        size = math.prod(t.shape) * np_dtype.itemsize
+        header[t.name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         f.truncate(8 + len(blob) + offset)
-    return {name: (path, 8 + len(blob) + header[name]["data_offsets"][0]) for name, *_ in tensors}
+    return {t.name: (path, 8 + len(blob) + header[t.name]["data_offsets"][0]) for t in tensors}
 
 
 def _put(path: Path, offset: int, shape: tuple, dtype, index: tuple, value: np.ndarray) -> None:
@@ -157,13 +173,13 @@ def _put(path: Path, offset: int, shape: tuple, dtype, index: tuple, value: np.n
         del region
 
 
-def fill(regions: dict, tensors: list, blocks_of, dtype: str) -> None:
+def fill(regions: dict, tensors: list[Entry], blocks_of, dtype: str) -> None:
     """Write every tensor of `tensors` into its region (from `create_safetensors`), leaf by leaf:
     `blocks_of(path)` yields (index, fp32 block) pieces of a zerojax leaf (its true shape), and
     each piece goes to the tensor(s) it covers, transposed where HF stores [out, in]."""
     by_leaf: dict = {}
     for t in tensors:
-        by_leaf.setdefault(t[1], {})[t[2]] = t
+        by_leaf.setdefault(t.path, {})[t.layer] = t
     np_dtype = jnp.dtype(dtype)
     for path, layers in by_leaf.items():
         for index, block in blocks_of(path):
@@ -171,7 +187,7 @@ def fill(regions: dict, tensors: list, blocks_of, dtype: str) -> None:
                 if layer is not None and not index[0].start <= layer < index[0].stop:
                     continue
                 value, inner = (block, index) if layer is None else (block[layer - index[0].start], index[1:])
-                if t[4]:  # transposed: HF's [out, in]
+                if t.transposed:  # HF's [out, in]
                     value, inner = value.T, tuple(reversed(inner))
-                _put(*regions[t[0]], t[3], np_dtype, inner, value)
+                _put(*regions[t.name], t.shape, np_dtype, inner, value)
             del block

@@ -2,7 +2,8 @@
 
     protocol.py   the unit protocol: STACKED, enter / between / exit, Units, forward
     registry.py   model.family -> a family's module, or a factory of the user's
-    gpt.py        GPT-2's layout, llama.py  Llama's (and Mistral's): each with its HF layout
+    family.py     what a family declares besides its modules: HfLayout, Tensor (no jax)
+    gpt.py        GPT-2's layout, llama.py  Llama's (and Mistral's): each with its config rule and HF layout
 
 Names are imported on first use, so `zerojax.models.registry` imports no jax.
 """

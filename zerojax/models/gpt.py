@@ -8,7 +8,9 @@ model knows nothing about meshes or devices.
 
 Shapes: B batch, T sequence, D d_model, H heads, K head dim (D/H), F d_ff, V vocab, L layers.
 Parameters are stored in `policy.param` (fp32) and used in `policy.compute`; attention softmax,
-norms' statistics and the logits are computed in fp32.
+norms' statistics and the logits are computed in fp32. Below the model: the family's config rule
+(`check_config`) and its Hugging Face layout (`HF`: GPT2LMHeadModel's config.json keys both ways
+and its tensor table).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zerojax.errors import ConfigError
 from zerojax.models import protocol
+from zerojax.models.family import HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
+TIED_BY_DEFAULT = True  # model.tie_embeddings=null: GPT-2 (and transformers' GPT2Config) ties
 
 
 def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs, std: float = 0.02, bias: bool = True):
@@ -143,7 +148,61 @@ class GPT(nnx.Module):
 
 def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:
     """The `model.family=gpt` factory."""
-    tie = True if cfg.tie_embeddings is None else cfg.tie_embeddings
+    tie = TIED_BY_DEFAULT if cfg.tie_embeddings is None else cfg.tie_embeddings
     return GPT(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                d_ff=cfg.d_ff, seq_len=cfg.seq_len, tie_embeddings=tie, norm_eps=cfg.norm_eps, policy=policy,
                rngs=rngs)
+
+
+def check_config(cfg) -> None:
+    """GPT's rule on a ModelConfig: one key/value head per query head."""
+    if cfg.n_kv_heads not in (0, cfg.n_heads):
+        raise ConfigError(f"model.n_kv_heads={cfg.n_kv_heads}: grouped-query attention is llama's; gpt has one "
+                          "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face: GPT2LMHeadModel.
+
+HF_KEYS = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+           "d_ff": "n_inner", "norm_eps": "layer_norm_epsilon", "tie_embeddings": "tie_word_embeddings"}
+
+
+def from_hf_config(hf: dict, where: str) -> dict:
+    """The model.* keys of a GPT2LMHeadModel config.json (`where`: its path, for errors); the
+    context is the position table's length, n_positions."""
+    if (hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh")
+            or hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn")):
+        raise ConfigError(f"{where}: only GPT-2's own attention and gelu_new (tanh) MLP are supported")
+    optional = ("d_ff", "tie_embeddings")  # n_inner=null is 4 * n_embd, as in transformers
+    require(hf, where, "gpt", [hf_key for key, hf_key in HF_KEYS.items() if key not in optional] + ["n_positions"])
+    out = {key: hf.get(hf_key, TIED_BY_DEFAULT if key == "tie_embeddings" else None) for key, hf_key in HF_KEYS.items()}
+    if out["d_ff"] is None:
+        out["d_ff"] = 4 * hf["n_embd"]
+    return {**out, "seq_len": hf["n_positions"]}
+
+
+def to_hf_config(model: dict) -> dict:
+    """config.json's keys for a run's model section."""
+    tie = TIED_BY_DEFAULT if model["tie_embeddings"] is None else model["tie_embeddings"]
+    return {**{HF_KEYS[k]: model[k] for k in HF_KEYS if k != "tie_embeddings"}, "tie_word_embeddings": tie,
+            "model_type": "gpt2", "n_positions": model["seq_len"], "activation_function": "gelu_new",
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None}
+
+
+LAYER = "transformer.h.{i}."
+HF_TENSORS = {  # GPT-2's Conv1D weights are stored [in, out], as zerojax's kernels
+    "embed/wte/embedding": Tensor("transformer.wte.weight"),
+    "embed/wpe": Tensor("transformer.wpe.weight", may_be_longer=True),  # n_positions may exceed model.seq_len
+    "head/ln_f/scale": Tensor("transformer.ln_f.weight"),
+    "head/ln_f/bias": Tensor("transformer.ln_f.bias"),
+    "head/lm_head/kernel": Tensor("lm_head.weight", True),
+    **{f"blocks/{ours}/{k}": Tensor(LAYER + f"{theirs}.{'weight' if k in ('scale', 'kernel') else 'bias'}")
+       for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2"), ("attn/qkv", "attn.c_attn"),
+                            ("attn/out", "attn.c_proj"), ("mlp/up", "mlp.c_fc"), ("mlp/down", "mlp.c_proj"))
+       for k in (("scale", "bias") if ours.startswith("ln") else ("kernel", "bias"))},
+}
+# fan_in_fan_out: PEFT adapts Conv1D, whose weight is [in, out]; the hub's original GPT-2 files
+# name their tensors without `transformer.`.
+HF = HfLayout(architectures=("GPT2LMHeadModel",), from_hf_config=from_hf_config, to_hf_config=to_hf_config,
+              tensors=HF_TENSORS, fan_in_fan_out=True, optional_prefix="transformer.")

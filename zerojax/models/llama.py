@@ -6,6 +6,8 @@ grouped-query attention (`model.n_kv_heads`), no biases, and an untied LM head b
 Module names follow HF's (`embed_tokens`, `layers/self_attn/q_proj`, `mlp/gate_proj`, `norm`,
 `lm_head`); kernels are stored [in, out] (HF stores [out, in]). The decoder layers are the
 unit protocol's one stack. Softmax, norms' statistics and the logits are computed in fp32.
+Below the model: the family's config rule (`check_config`) and its Hugging Face layout (`HF`:
+LlamaForCausalLM and MistralForCausalLM, config.json keys both ways, the tensor table).
 
 Shapes: B batch, T sequence, D d_model, H heads, G key/value heads, K head dim, F d_ff, V vocab.
 """
@@ -16,11 +18,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zerojax.errors import ConfigError
 from zerojax.models import protocol
+from zerojax.models.family import HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
 STD = 0.02  # HF's initializer_range
+TIED_BY_DEFAULT = False  # model.tie_embeddings=null: transformers' LlamaConfig does not tie
 
 
 def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
@@ -141,4 +146,59 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Llama:
     """The `model.family=llama` factory."""
     return Llama(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                  n_kv_heads=cfg.n_kv_heads or cfg.n_heads, d_ff=cfg.d_ff, rope_theta=cfg.rope_theta,
-                 norm_eps=cfg.norm_eps, tie_embeddings=bool(cfg.tie_embeddings), policy=policy, rngs=rngs)
+                 norm_eps=cfg.norm_eps, policy=policy, rngs=rngs,
+                 tie_embeddings=TIED_BY_DEFAULT if cfg.tie_embeddings is None else cfg.tie_embeddings)
+
+
+def check_config(cfg) -> None:
+    """Llama's rule on a ModelConfig: the rotary embedding rotates pairs, so the head dim is even."""
+    if (cfg.d_model // cfg.n_heads) % 2:
+        even = [h for h in range(cfg.n_heads, 0, -1) if cfg.d_model % h == 0 and cfg.d_model // h % 2 == 0]
+        fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
+        raise ConfigError(f"model.d_model={cfg.d_model} / model.n_heads={cfg.n_heads} = "
+                          f"{cfg.d_model // cfg.n_heads}: llama's rotary embedding needs an even head "
+                          f"dimension; {fix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face: LlamaForCausalLM, and MistralForCausalLM, the same layout (a sliding window, the
+# one difference, is refused by the engine).
+
+HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+           "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
+           "rope_theta": "rope_theta", "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
+HF_OPTIONAL = {"n_kv_heads": 0, "rope_theta": 10000.0, "tie_embeddings": TIED_BY_DEFAULT}  # transformers' defaults
+
+
+def from_hf_config(hf: dict, where: str) -> dict:
+    """The model.* keys of a LlamaForCausalLM config.json (`where`: its path, for errors)."""
+    require(hf, where, "llama", [hf_key for key, hf_key in HF_KEYS.items() if key not in HF_OPTIONAL])
+    return {key: hf.get(hf_key, HF_OPTIONAL.get(key)) for key, hf_key in HF_KEYS.items()}
+
+
+def to_hf_config(model: dict) -> dict:
+    """config.json's keys for a run's model section; rope_theta for transformers 4, rope_parameters for 5."""
+    out = {HF_KEYS[k]: model[k] for k in HF_KEYS if k not in ("tie_embeddings", "n_kv_heads")}
+    tie = TIED_BY_DEFAULT if model["tie_embeddings"] is None else model["tie_embeddings"]
+    return {**out, "tie_word_embeddings": tie, "model_type": "llama",
+            "num_key_value_heads": model["n_kv_heads"] or model["n_heads"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": model["rope_theta"]}, "hidden_act": "silu",
+            "max_position_embeddings": model["seq_len"], "attention_bias": False, "mlp_bias": False,
+            "bos_token_id": None, "eos_token_id": None}
+
+
+LAYER = "model.layers.{i}."
+HF_TENSORS = {
+    "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
+    "norm/scale": Tensor("model.norm.weight"),
+    "lm_head/kernel": Tensor("lm_head.weight", True),
+    "layers/input_layernorm/scale": Tensor(LAYER + "input_layernorm.weight"),
+    "layers/post_attention_layernorm/scale": Tensor(LAYER + "post_attention_layernorm.weight"),
+    **{f"layers/self_attn/{p}/kernel": Tensor(LAYER + f"self_attn.{p}.weight", True)
+       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+    **{f"layers/mlp/{p}/kernel": Tensor(LAYER + f"mlp.{p}.weight", True)
+       for p in ("gate_proj", "up_proj", "down_proj")},
+}
+HF = HfLayout(architectures=("LlamaForCausalLM", "MistralForCausalLM"), from_hf_config=from_hf_config,
+              to_hf_config=to_hf_config, tensors=HF_TENSORS,
+              derived={"head_dim": (lambda m: m.d_model // m.n_heads, "hidden_size / num_attention_heads")})

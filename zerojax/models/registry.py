@@ -1,8 +1,9 @@
 """The model families: `model.family` names a built-in one or a factory of the user's.
 
-A built-in family is one module under `zerojax.models` (its modules, its Hugging Face layout,
-its FLOPs); this table is the only other place that names it. Importing the registry imports
-no family (and no jax): a family's module is imported when it is first asked for.
+A built-in family is one module under `zerojax.models` (its modules, its config rule, its
+Hugging Face layout, its FLOPs: `models/family.py` says what it declares); this table is the
+only other place that names it. Importing the registry imports no family (and no jax): a
+family's module is imported when it is first asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,26 @@ FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama"}  # mod
 def family_module(family: str):
     """The module of a built-in family."""
     return importlib.import_module(FAMILIES[family])
+
+
+def hf_layouts() -> dict:
+    """model.family -> its Hugging Face layout (a `family.HfLayout`), for the families that have one."""
+    modules = {family: family_module(family) for family in FAMILIES}
+    return {family: module.HF for family, module in modules.items() if getattr(module, "HF", None) is not None}
+
+
+def hf_architectures() -> dict:
+    """config.json architecture -> the model.family that reads it."""
+    return {arch: family for family, layout in hf_layouts().items() for arch in layout.architectures}
+
+
+def hf_layout(family: str):
+    """The Hugging Face layout of `model.family` (ConfigError if it has none)."""
+    layouts = hf_layouts()
+    if family not in layouts:
+        raise ConfigError(f"model.family={family}: no Hugging Face layout; zerojax converts "
+                          f"{', '.join(layouts)} ({', '.join(hf_architectures())})")
+    return layouts[family]
 
 
 def model_factory(family: str) -> Callable:

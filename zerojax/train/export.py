@@ -110,7 +110,7 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
         stacked = _stacked(meta["config"]["model"])
         written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype)
     elif fmt == "safetensors":
-        tensors = [(path, path, None, shape, False) for path, shape in shapes.items()]
+        tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")
         out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
         safetensors_io.fill(safetensors_io.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
