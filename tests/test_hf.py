@@ -161,7 +161,7 @@ def test_an_omitted_tie_word_embeddings_takes_transformers_default(name, tied, t
     hf_config = json.loads((FIXTURES / name / "config.json").read_text())
     hf_config.pop("tie_word_embeddings", None)
     (d / "config.json").write_text(json.dumps(hf_config))
-    assert hf.hf_model_keys(str(d))["tie_embeddings"] is tied  # LlamaConfig: False, GPT2Config: True
+    assert config.hf_model_keys(str(d))["tie_embeddings"] is tied  # LlamaConfig: False, GPT2Config: True
 
 
 def test_the_engine_names_no_family_and_no_architecture():

@@ -8,6 +8,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 import yaml
+from zerojax.config.hf_config import hf_model_keys
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
 from zerojax.config.values import _field_type, coerce
@@ -160,8 +161,6 @@ def _from_hugging_face(tree: dict) -> None:
     model = tree.get("model", {})
     if not model.get("init_from") or not Path(model["init_from"]).is_dir():
         return
-    from zerojax.interop.hf import hf_model_keys  # jax: only for a Hugging Face directory
-
     for key, value in hf_model_keys(model["init_from"]).items():
         given = model.get(key)
         if key == "seq_len" and given is not None and given <= value:

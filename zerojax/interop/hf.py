@@ -5,7 +5,7 @@ and no architecture; it reads them from the registry.
 
 In: `model.init_from=DIR` (config.json, and model.safetensors or model.safetensors.index.json
 with its shards). config.json's architecture picks the family, whose layout turns the file into
-the model's keys (`hf_model_keys`); every parameter is then built straight into the sharded
+the model's keys (`config.hf_model_keys`); every parameter is then built straight into the sharded
 master layout with `jax.make_array_from_callback`: each device's callback reads only its slice
 of the HF tensor(s) through positioned reads (the layers of a stacked leaf are separate HF
 tensors, HF's [out, in] kernels are read transposed), so no tensor is read or gathered whole and
@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-import typing
 from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from zerojax import data
-from zerojax.config import ModelConfig, coerce
+from zerojax.config import ModelConfig, hf_model_keys
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
@@ -45,64 +44,6 @@ from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, f
 
 # ---------------------------------------------------------------------------------------------
 # config.json: which family, and the model's keys.
-
-
-def read_json_object(path: Path, what: str) -> dict:
-    """The JSON object in `path` (ConfigError, naming the file, if it is not one)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not valid JSON ({err})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path} holds a JSON {type(doc).__name__}, not {what} (a JSON object)")
-    return doc
-
-
-def _refuse_variants(hf: dict, where: Path, family: str) -> dict:
-    """config.json with rope_theta at the top (transformers 5 keeps it in rope_parameters), after
-    refusing what no zerojax family has: rope scaling, a sliding window, attention or MLP biases."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
-        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
-        raise ConfigError(f"{where}: rope scaling {kind!r} is not supported by zerojax's {family}")
-    for unsupported in ("sliding_window", "attention_bias", "mlp_bias"):
-        if hf.get(unsupported) not in (None, False):
-            raise ConfigError(f"{where}: {unsupported}={hf[unsupported]!r} is not supported by zerojax's {family}")
-    hf = dict(hf)
-    if "rope_theta" in rope:
-        hf.setdefault("rope_theta", rope["rope_theta"])
-    return hf
-
-
-def hf_model_keys(directory: str) -> dict:
-    """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
-    cannot be read or describes a model zerojax does not have)."""
-    where = Path(directory) / "config.json"
-    if not where.is_file():
-        raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
-                          "model directory (config.json and model.safetensors) or a zerojax export file")
-    hf, architectures = read_json_object(where, "a Hugging Face config"), registry.hf_architectures()
-    archs = hf.get("architectures")
-    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
-        raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, "
-                          f"e.g. [{next(iter(architectures))!r}]")
-    if archs[0] not in architectures:
-        raise ConfigError(f"{where}: architecture {archs[0]!r} is not supported; zerojax reads "
-                          f"{', '.join(architectures)}")
-    family = architectures[archs[0]]
-    layout = registry.hf_layout(family)
-    hf = _refuse_variants(hf, where, family)
-    out = {"family": family, **layout.from_hf_config(hf, where)}
-    hints = typing.get_type_hints(ModelConfig)
-    try:  # the values must make a model: the same checks as the keys given in YAML
-        out = {k: coerce(f"model.{k}", v, hints[k]) for k, v in out.items()}
-        model = ModelConfig(**out)
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    for key, (value_of, rule) in layout.derived.items():  # keys zerojax computes must agree
-        if hf.get(key) not in (None, value_of(model)):
-            raise ConfigError(f"{where}: {key}={hf[key]} is not {rule}")
-    return out
 
 
 def hf_config(model: dict, dtype: str) -> dict:

@@ -12,7 +12,8 @@ from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
 from zerojax.models import registry
 from zerojax.models.family import Tensor
-from zerojax.interop.hf import check, read_json_object, sharded_params
+from zerojax.config import read_json_object
+from zerojax.interop.hf import check, sharded_params
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
 
