@@ -1,6 +1,8 @@
 """8 simulated CPU devices for every test, set before jax is imported."""
 
+import contextlib
 import os
+import signal
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -42,4 +44,26 @@ def run(overrides):
     from zerojax import config, train
 
     result = train.run(config.load(overrides=overrides), show_progress=False)
-    return np.array([line["loss"] for line in result["history"]]), result
+    return np.array([line["loss"] for line in result.history]), result
+
+
+@contextlib.contextmanager
+def sigterm_during(step: int):
+    """A real SIGTERM to this process while the loop builds the batch of `step` (1-based, a
+    train batch), as a preemption would send it: the loop's own handler runs, the loop finishes
+    that step, checkpoints it and returns. The first step of a run is built before the loop
+    installs its handlers, so `step` must be a later one."""
+    from zerojax import data
+
+    real = data.batch_rows
+
+    def batch_rows(tokens, seq_len, seed, stream, index, *rest):
+        if stream == data.TRAIN and index == step - 1:
+            # Without the loop's handler, SIGTERM would end pytest itself: say so instead.
+            assert callable(signal.getsignal(signal.SIGTERM)), f"no SIGTERM handler while step {step} is built"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(tokens, seq_len, seed, stream, index, *rest)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data, "batch_rows", batch_rows)
+        yield

@@ -2,7 +2,6 @@
 with tiny shapes, and every planned measurement leaves its JSON entry or a named skip. So the
 script cannot rot between GPUs."""
 
-import importlib.util
 import json
 import math
 import os
@@ -16,9 +15,8 @@ import pytest
 
 from conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
-bench = sys.modules["bench"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-spec.loader.exec_module(bench)
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench import peer, plan  # noqa: E402 - scripts/bench/, the package behind scripts/bench.py
 
 THROUGHPUT_KEYS = ("step_s", "tokens_per_sec", "mfu", "compile_s", "params", "loss", "analyze_peak_bytes",
                    "temp_bytes", "comm_bytes", "peak_bytes_in_use", "platform", "devices", "wall_s")
@@ -46,9 +44,9 @@ def dry_run(tmp_path_factory):
 def test_dry_run_measures_every_planned_measurement_or_names_its_skip(dry_run):
     doc, stdout, seconds = dry_run
     assert doc["meta"]["dry_run"] and doc["meta"]["finished"] and not doc["meta"]["cut_short"]
-    assert [row["name"] for row in doc["plan"]] == [m.name for m in bench.PLAN]
-    assert set(doc["results"]) == {m.name for m in bench.PLAN}
-    for m in bench.PLAN:
+    assert [row["name"] for row in doc["plan"]] == [m.name for m in plan.PLAN]
+    assert set(doc["results"]) == {m.name for m in plan.PLAN}
+    for m in plan.PLAN:
         entry = doc["results"][m.name]
         if entry["status"] == "skipped":  # only a feature that has not landed may be skipped
             assert m.feature and entry["reason"].startswith(m.feature), (m.name, entry)
@@ -60,14 +58,14 @@ def test_dry_run_measures_every_planned_measurement_or_names_its_skip(dry_run):
         assert entry["peak_bytes_in_use"] is None and "None on cpu" in entry["memory_stats"]  # CPU: no stats
         assert entry["devices"] == 8  # the package simulates them itself, no XLA_FLAGS
     print(f"dry run: {seconds:.0f} s")
-    for m in bench.PLAN:  # each row of the summary names its measurement
+    for m in plan.PLAN:  # each row of the summary names its measurement
         assert f"| {m.name}" in stdout
 
 
 @pytest.mark.slow
 def test_dry_run_fit_search_found_a_size_under_its_budget_and_ran_it(dry_run):
     doc, _, _ = dry_run
-    for m in (m for m in bench.PLAN if m.fit_stage is not None):
+    for m in (m for m in plan.PLAN if m.fit_stage is not None):
         entry = doc["results"][m.name]
         assert entry["found"]["peak_bytes"] <= entry["budget_bytes"], entry
         assert entry["confirmed"] and entry["stage"] == m.fit_stage
@@ -78,7 +76,7 @@ def test_dry_run_compares_options_and_schedules(dry_run):
     doc, _, _ = dry_run
     summary = doc["summary"]
     assert summary["shard_map_over_gspmd_stage3_tokens_per_sec"] > 0
-    for m in (m for m in bench.PLAN if m.baseline):  # None where the feature has not landed
+    for m in (m for m in plan.PLAN if m.baseline):  # None where the feature has not landed
         ok = doc["results"][m.name]["status"] == "ok"
         assert (summary[f"{m.name}_step_s_over_{m.baseline}"] is not None) == ok
 
@@ -86,7 +84,7 @@ def test_dry_run_compares_options_and_schedules(dry_run):
 @pytest.mark.slow
 def test_dry_run_times_the_quantized_gathers(dry_run):
     doc, _, _ = dry_run
-    for m in (m for m in bench.PLAN if m.quant_overhead):
+    for m in (m for m in plan.PLAN if m.quant_overhead):
         entry = doc["results"][m.name]
         assert entry["status"] == "ok" and entry["all_gather_dtype"] == "s8", entry  # 8 devices: gathered
         assert entry["quant_s_per_step"] > 0 and entry["cast_s_per_step"] > 0
@@ -94,17 +92,17 @@ def test_dry_run_times_the_quantized_gathers(dry_run):
 
 
 def test_plan_fits_in_eight_minutes_of_an_h200():
-    assert bench.SETUP_S + sum(m.h200_s for m in bench.PLAN) <= 8 * 60
-    assert len({m.name for m in bench.PLAN}) == len(bench.PLAN)
-    assert all(m.baseline in bench.BY_NAME for m in bench.PLAN if m.baseline)
+    assert plan.SETUP_S + sum(m.h200_s for m in plan.PLAN) <= 8 * 60
+    assert len({m.name for m in plan.PLAN}) == len(plan.PLAN)
+    assert all(m.baseline in plan.BY_NAME for m in plan.PLAN if m.baseline)
 
 
 def test_missing_feature_is_a_named_skip_but_a_broken_core_config_is_an_error():
-    feature = bench.Measurement("x", "x", 1, ("zero.no_such_key=1",), feature="zero.no_such_key")
-    assert bench.unavailable(feature, dry_run=True).startswith("zero.no_such_key: not in zerojax yet")
+    feature = plan.Measurement("x", "x", 1, ("zero.no_such_key=1",), feature="zero.no_such_key")
+    assert plan.unavailable(feature, dry_run=True).startswith("zero.no_such_key: not in zerojax yet")
     with pytest.raises(ValueError, match="no_such_key"):
-        bench.unavailable(bench.Measurement("x", "x", 1, ("zero.no_such_key=1",)), dry_run=True)
-    assert bench.unavailable(bench.BY_NAME["gpt1b_s3_shard_map"], dry_run=False) is None
+        plan.unavailable(plan.Measurement("x", "x", 1, ("zero.no_such_key=1",)), dry_run=True)
+    assert plan.unavailable(plan.BY_NAME["gpt1b_s3_shard_map"], dry_run=False) is None
 
 
 def test_without_a_gpu_the_real_run_fails_fast_and_says_why(tmp_path):
@@ -126,7 +124,7 @@ def test_no_time_left_skips_everything_by_name(tmp_path):
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
     doc = json.loads((tmp_path / "b.json").read_text())
     assert {e["status"] for e in doc["results"].values()} == {"skipped"}
-    assert len(doc["results"]) == len(bench.PLAN)
+    assert len(doc["results"]) == len(plan.PLAN)
 
 
 def test_sigterm_keeps_what_was_measured_and_names_the_rest(tmp_path):
@@ -168,16 +166,17 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     import numpy as np
     from flax import nnx
 
+    from zerojax import config
     from zerojax.models import protocol
+    from zerojax.parallel.mesh import DATA
     from zerojax.train.model import build_model
 
-    cfg = bench.load_config(None, [*bench.DRY, *bench.LIKE_FOR_LIKE, "optim.warmup_steps=0"])  # lr > 0 at step 0
-    setup, jitted, state, batch = bench.peer_step(cfg)
+    cfg = config.load(None, [*plan.DRY, *peer.LIKE_FOR_LIKE, "optim.warmup_steps=0"])  # lr > 0 at step 0
+    step, jitted, state, batch = peer.peer_step(cfg)
     params, opt_state = state
     for leaf in jax.tree.leaves(params) + jax.tree.leaves(opt_state):
-        split = bench.mesh.DATA in tuple(leaf.sharding.spec)
+        split = DATA in tuple(leaf.sharding.spec)
         assert split == (leaf.size >= cfg.zero.min_shard_size), (leaf.shape, leaf.sharding.spec)
-    step = setup.step
     shardings = jax.tree.map(lambda x: x.sharding, state)
     real = jax.jit(lambda: (lambda p: (p, step.optimizer.init(p)))(
         nnx.to_pure_dict(nnx.state(build_model(step.model, step.policy, step.seed), nnx.Param))),

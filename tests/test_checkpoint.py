@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import sigterm_during
 from zerojax import cli, config, train
 from zerojax.train import checkpoint
 from zerojax.train import export as export_lib
@@ -23,9 +24,9 @@ BASE = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=2", "model.n
         "zero.min_shard_size=64", "train.steps=12", "train.ckpt_every=3"]
 
 
-def run(out, *extra, stop_at=None):
+def run(out, *extra):
     cfg = config.load(overrides=BASE + [f"train.out_dir={out}", *extra])
-    return train.run(cfg, show_progress=False, stop_at=stop_at)
+    return train.run(cfg, show_progress=False)
 
 
 def losses(out):
@@ -36,7 +37,7 @@ def losses(out):
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
     result = run(out, "zero.stage=3")
-    return losses(out), result["state"]
+    return losses(out), result.state
 
 
 @pytest.mark.parametrize("after", [
@@ -45,21 +46,23 @@ def uninterrupted(tmp_path_factory):
     ["zero.stage=3", "zero.schedule=gspmd"],
 ], ids=lambda a: " ".join(a))
 def test_resume_on_another_mesh_stage_or_schedule(after, uninterrupted, tmp_path):
-    first = run(tmp_path, "zero.stage=3", stop_at=6)
-    assert first["stopped"] == {"signal": "stop_at", "step": 6}
+    with sigterm_during(6):
+        first = run(tmp_path, "zero.stage=3")
+    assert first.stopped == train.Stopped("SIGTERM", 6)
     assert checkpoint.complete_steps(tmp_path) == [3, 6]
     second = run(tmp_path, *after)
-    assert second["resumed_from"] == 6
+    assert second.resumed_from == 6
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 13))  # continued: no step missing or twice
     np.testing.assert_allclose(losses(tmp_path), uninterrupted[0], rtol=1e-5)  # fp32; sums reordered
 
 
 def test_same_mesh_resume_is_bit_identical(uninterrupted, tmp_path):
-    run(tmp_path, "zero.stage=3", stop_at=5)  # stopped between two periodic checkpoints
+    with sigterm_during(5):  # stopped between two periodic checkpoints
+        assert run(tmp_path, "zero.stage=3").stopped == train.Stopped("SIGTERM", 5)
     result = run(tmp_path, "zero.stage=3")
     np.testing.assert_array_equal(losses(tmp_path), uninterrupted[0])
-    for a, b in zip(jax.tree.leaves(result["state"]), jax.tree.leaves(uninterrupted[1])):
+    for a, b in zip(jax.tree.leaves(result.state), jax.tree.leaves(uninterrupted[1])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert checkpoint.complete_steps(tmp_path)[-1] == 12
 
@@ -104,7 +107,7 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
         node[last] = value
     tokens = np.arange(32, dtype=np.int32).reshape(2, 16) % 256
     fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0])).logits(tokens)
-    trained = jax.jit(lambda p: setup.step.view(p).logits(tokens))(result["state"].params)
+    trained = jax.jit(lambda p: setup.step.view(p).logits(tokens))(result.state.params)
     np.testing.assert_allclose(np.asarray(fresh), np.asarray(trained), rtol=1e-5, atol=1e-5)
     # and back: init_from starts a new run from exactly these weights (bf16 export rounds them)
     ft = train.prepare(config.load(
@@ -184,4 +187,4 @@ def test_a_changed_model_or_a_bad_init_file_exits_2_and_leaves_the_run_alone(tmp
     err = capsys.readouterr().err
     assert "is not a readable safetensors file" in err and err.count("\n") == 1, err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted(before + [Path("notes.safetensors")])
-    assert run(tmp_path / "run", "zero.stage=3", "train.steps=6")["resumed_from"] == 3  # still usable
+    assert run(tmp_path / "run", "zero.stage=3", "train.steps=6").resumed_from == 3  # still usable

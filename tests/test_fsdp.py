@@ -21,7 +21,7 @@ SHAPE_3M = ["model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.d
 
 def losses(overrides, tmp_path):
     result = train.run(config.load(overrides=TINY + overrides + [f"train.out_dir={tmp_path}"]), show_progress=False)
-    return np.array([line["loss"] for line in result["history"]])
+    return np.array([line["loss"] for line in result.history])
 
 
 @pytest.mark.parametrize("extra", [

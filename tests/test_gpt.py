@@ -92,7 +92,7 @@ def test_untied_head_in_stage_3(tmp_path):
     one, _ = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     np.testing.assert_allclose(three, one, rtol=1e-5)
-    assert result["state"].params["head"]["lm_head"]["kernel"].sharding.spec == P(None, "data")
+    assert result.state.params["head"]["lm_head"]["kernel"].sharding.spec == P(None, "data")
 
 
 def test_padding_is_invisible(tmp_path):
@@ -107,7 +107,7 @@ def test_padding_is_invisible(tmp_path):
     setup = train.prepare(config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"]))
     wte = setup.step.plan.leaves["embed"]["wte"]["embedding"]
     assert wte.shape == (250, 36) and wte.stored == (256, 36) and wte.dim == 0
-    stored = np.asarray(result["state"].params["embed"]["wte"]["embedding"])
+    stored = np.asarray(result.state.params["embed"]["wte"]["embedding"])
     assert stored.shape == (256, 36) and not stored[250:].any()  # pad rows stay zero
     assert measure.count_params(setup.cfg) == sum(math.prod(x.shape) for x in jax.tree.leaves(setup.step.plan.leaves))
 
@@ -118,11 +118,11 @@ def test_frozen_leaves_keep_their_values_and_have_no_optimizer_state(tmp_path):
     before = jax.device_get(state_lib.init_state(setup.step).params)
     losses, result = run(overrides)
     assert losses[-1] < losses[0]
-    after = jax.device_get(result["state"].params)
+    after = jax.device_get(result.state.params)
     for frozen in (lambda p: p["embed"], lambda p: p["blocks"]["ln1"]):
         jax.tree.map(np.testing.assert_array_equal, frozen(after), frozen(before))
     assert not np.array_equal(after["blocks"]["mlp"]["up"]["kernel"], before["blocks"]["mlp"]["up"]["kernel"])
-    paths = [trees.path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(result["state"].opt_state)]
+    paths = [trees.path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(result.state.opt_state)]
     assert not [p for p in paths if "embed/" in p or "/ln1/" in p]
     assert [p for p in paths if p.endswith("mlp/up/kernel")]
 

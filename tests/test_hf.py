@@ -151,7 +151,7 @@ def test_the_fine_tuning_recipe_runs(tmp_path):
                        "train.ckpt_every=0", "train.global_batch=16", "train.log_every=1", f"train.out_dir={tmp_path}"])
     assert (cfg.model.family, cfg.model.d_model, cfg.zero.stage, cfg.optim.lr) == ("llama", 32, 3, 2e-5)
     result = train.run(cfg, show_progress=False)
-    assert len(result["history"]) == 2 and np.isfinite(result["history"][-1]["loss"])
+    assert len(result.history) == 2 and np.isfinite(result.history[-1]["loss"])
 
 
 @pytest.mark.parametrize("name, tied", [("llama-gqa", False), ("gpt2", True)])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import ROOT, run
+from conftest import ROOT, run, sigterm_during
 from zerojax import cli, config, train
 from zerojax.optim.lora import is_adapter
 from zerojax.parallel.trees import path_name
@@ -72,15 +72,15 @@ def trained(tmp_path_factory):
 
 def test_the_base_stays_bit_identical_and_the_loss_falls(trained):
     _, setup, start, result = trained
-    end = leaves(result["state"].params)
+    end = leaves(result.state.params)
     frozen = {p for p in end if not is_adapter(p)}
     assert frozen and all(end[p].dtype == np.dtype("bfloat16") for p in frozen)  # stored bf16, no master
     for p in frozen:
         np.testing.assert_array_equal(end[p].view(np.uint16), start[p].view(np.uint16), err_msg=p)
     assert any(np.abs(end[p] - start[p]).max() > 0 for p in end if p.endswith("lora_b"))  # the adapters trained
-    losses = [line["loss"] for line in result["history"]]
+    losses = [line["loss"] for line in result.history]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, losses
-    moments = [p for p, x in leaves(result["state"].opt_state).items() if x.ndim > 0]
+    moments = [p for p, x in leaves(result.state.opt_state).items() if x.ndim > 0]
     assert moments and all(p.endswith(("lora_a", "lora_b")) for p in moments), moments  # none for the base
 
 
@@ -94,7 +94,7 @@ def test_export_peft_names_match_peft_and_merge_matches_the_adapted_model(traine
     assert (written["r"], written["lora_alpha"], written["peft_type"]) == (4, 8.0, "LORA")
     assert sorted(written["target_modules"]) == sorted(json.loads((ADAPTER / "adapter_config.json").read_text())
                                                        ["target_modules"])
-    state = leaves(result["state"].params)
+    state = leaves(result.state.params)
     np.testing.assert_array_equal(ours["base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"],
                                   state["layers/self_attn/k_proj/lora_a"][1].T)
     # The merged export is the adapted model: transformers' layout, adapters folded in.
@@ -102,7 +102,7 @@ def test_export_peft_names_match_peft_and_merge_matches_the_adapted_model(traine
     assert cli.main(["export", str(out), "--format", "hf", "--merge", "--out", str(merged)]) == 0
     assert not [k for k in hf_keys(merged) if "lora" in k]
     tokens = load_file(FIXTURES / "llama-gqa.logits.safetensors")["tokens"]
-    adapted = setup.step.view(result["state"].params).logits(tokens)
+    adapted = setup.step.view(result.state.params).logits(tokens)
     _, reloaded = hf.load(str(merged))
     np.testing.assert_allclose(reloaded.logits(tokens), adapted, atol=2e-4, rtol=0)
     # and the adapter continues a run: optim.lora.init_from reads what was exported
@@ -120,7 +120,8 @@ def test_a_lora_run_resumes_on_another_mesh(tmp_path):
     common = LORA + ["train.steps=6", "train.ckpt_every=3"]
     reference, _ = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'ref'}"])
     cfg = config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'run'}"])
-    train.run(cfg, show_progress=False, stop_at=4)
+    with sigterm_during(4):
+        assert train.run(cfg, show_progress=False).stopped == train.Stopped("SIGTERM", 4)
     resumed, _ = run(common + ["zero.stage=1", "mesh.replica=2", "mesh.data=4", f"train.out_dir={tmp_path / 'run'}"])
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     np.testing.assert_allclose(losses, reference, rtol=1e-5)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, SMALL, TINY
+from conftest import ROOT, SMALL, TINY, sigterm_during
 from zerojax import config, train
 from zerojax.optim import offload
 from zerojax.errors import ConfigError
@@ -152,20 +152,22 @@ def test_a_checkpoint_moves_between_placements(tmp_path):
             "model.seq_len=16", "train.global_batch=16", "train.grad_accum=2", "train.log_every=1",
             "train.eval_every=0", "zero.min_shard_size=64", "train.steps=6", "train.ckpt_every=2", "zero.stage=3"]
 
-    def run(out, *extra, stop_at=None):
-        return train.run(config.load(overrides=base + [f"train.out_dir={out}", *extra]), show_progress=False,
-                         stop_at=stop_at)
+    def run(out, *extra):
+        return train.run(config.load(overrides=base + [f"train.out_dir={out}", *extra]), show_progress=False)
 
     def losses(out):
         return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     run(tmp_path / "ref")
     out = tmp_path / "moved"
-    assert run(out, "zero.offload=optimizer+master", stop_at=2)["stopped"]["step"] == 2
-    assert run(out, stop_at=4)["resumed_from"] == 2
+    with sigterm_during(2):
+        assert run(out, "zero.offload=optimizer+master").stopped == train.Stopped("SIGTERM", 2)
+    with sigterm_during(4):
+        resumed = run(out)
+    assert resumed.resumed_from == 2 and resumed.stopped == train.Stopped("SIGTERM", 4)
     last = run(out, "zero.offload=optimizer")
-    assert last["resumed_from"] == 4
-    mu = last["state"].opt_state[1][0].mu  # (clip's, adamw's (scale_by_adam's, ...)) state
+    assert last.resumed_from == 4
+    mu = last.state.opt_state[1][0].mu  # (clip's, adamw's (scale_by_adam's, ...)) state
     assert {kind(x) for x in jax.tree.leaves(mu)} == {HOST}
     np.testing.assert_allclose(losses(out), losses(tmp_path / "ref"), rtol=1e-6)
 

@@ -120,10 +120,10 @@ def first_gradient(tiny_overrides, *more):
 
 def test_fp16_with_dynamic_scaling_tracks_fp32(tiny_overrides, caplog):
     steps = ["train.steps=30", "train.log_every=5"]
-    fp32 = [x["loss"] for x in train.run(config.load(overrides=tiny_overrides + steps), show_progress=False)["history"]]
+    fp32 = [x["loss"] for x in train.run(config.load(overrides=tiny_overrides + steps), show_progress=False).history]
     result = train.run(config.load(overrides=tiny_overrides + steps + ["precision.compute=fp16"]), show_progress=False)
-    fp16 = [x["loss"] for x in result["history"]]
-    assert result["history"][0]["loss_scale"] == 2.0**16
+    fp16 = [x["loss"] for x in result.history]
+    assert result.history[0]["loss_scale"] == 2.0**16
     np.testing.assert_allclose(fp16, fp32, rtol=1e-2)  # fp16 keeps ~3 decimal digits per op
 
     # What the scale buys is range. fp16's smallest subnormal is 2^-24 and its normal numbers

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, run, sigterm_during
 from zerojax import cli, config, train
 from zerojax.train import checkpoint
 
@@ -40,8 +40,8 @@ def test_a_model_of_your_own_matches_one_device(extra, reference, tmp_path):
     # protocol.py (Σ w·l / Σ w) makes 8 devices and 2 microbatches equal one device.
     losses, result = run(TINY + extra + [f"train.out_dir={tmp_path}"])
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
-    assert set(result["state"].params) == {"tok", "tower", "bridge", "decoder", "final", "readout"}
-    assert result["sample"] == ""  # no `logits` method: nothing to sample
+    assert set(result.state.params) == {"tok", "tower", "bridge", "decoder", "final", "readout"}
+    assert result.sample == ""  # no `logits` method: nothing to sample
 
 
 def test_the_weights_matter(tmp_path):
@@ -56,12 +56,13 @@ def test_the_weights_matter(tmp_path):
 def test_a_checkpoint_of_it_resumes_on_another_mesh(tmp_path):
     common = TINY + ["train.steps=6", "train.ckpt_every=3", "optim.warmup_steps=2"]
     whole, _ = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'whole'}"])
-    first = train.run(config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'run'}"]),
-                      show_progress=False, stop_at=3)
-    assert first["stopped"]["step"] == 3 and checkpoint.complete_steps(tmp_path / "run") == [3]
+    with sigterm_during(3):
+        first = train.run(config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'run'}"]),
+                          show_progress=False)
+    assert first.stopped == train.Stopped("SIGTERM", 3) and checkpoint.complete_steps(tmp_path / "run") == [3]
     second = train.run(config.load(overrides=common + ["zero.stage=1", "mesh.replica=2", "mesh.data=4",
                                                        f"train.out_dir={tmp_path / 'run'}"]), show_progress=False)
-    assert second["resumed_from"] == 3
+    assert second.resumed_from == 3
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     np.testing.assert_allclose([x["loss"] for x in lines], whole, rtol=1e-5)
     # and it exports, under its own parameter paths, with its true shapes
@@ -69,7 +70,7 @@ def test_a_checkpoint_of_it_resumes_on_another_mesh(tmp_path):
     from safetensors.numpy import load_file
 
     tensors = load_file(tmp_path / "model.safetensors")
-    params = second["state"].params
+    params = second.state.params
     assert tensors["decoder/attn/query/kernel"].shape == params["decoder"]["attn"]["query"]["kernel"].shape
     assert {name.split("/")[0] for name in tensors} == {"tok", "tower", "bridge", "decoder", "final", "readout"}
     np.testing.assert_array_equal(tensors["readout/kernel"], np.asarray(params["readout"]["kernel"]))

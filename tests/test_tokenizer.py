@@ -42,8 +42,8 @@ def test_a_trained_tokenizer_round_trips_text(tokenizer, text):
 def test_a_run_trains_on_tokens_cached_once(tokenizer, text, tmp_path, monkeypatch):
     overrides = TINY + [f"data.source={text}", f"data.tokenizer={tokenizer}", "train.steps=3"]
     first = train.run(config.load(overrides=overrides + [f"train.out_dir={tmp_path / 'a'}"]), show_progress=False)
-    assert all(np.isfinite(line["loss"]) for line in first["history"])
-    assert isinstance(first["sample"], str) and first["sample"].startswith("def ")  # decoded by the tokenizer
+    assert all(np.isfinite(line["loss"]) for line in first.history)
+    assert isinstance(first.sample, str) and first.sample.startswith("def ")  # decoded by the tokenizer
     cached = list((data.cache_dir() / "tokens").glob("*.npy"))
     tokens, vocab = data.read_tokens(str(text), str(tokenizer))
     expected = Tokenizer.from_file(str(tokenizer / "tokenizer.json")).encode(text.read_text()[:5000]).ids[:100]

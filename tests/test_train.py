@@ -12,7 +12,7 @@ from zerojax.train import step as step_lib
 
 def losses(overrides, **kw):
     result = train.run(config.load(overrides=overrides), show_progress=False, **kw)
-    return np.array([line["loss"] for line in result["history"]]), result
+    return np.array([line["loss"] for line in result.history]), result
 
 
 def test_stage0_on_8_devices_equals_1_device(tiny_overrides):
@@ -21,7 +21,7 @@ def test_stage0_on_8_devices_equals_1_device(tiny_overrides):
     eight, result = losses(tiny_overrides + ["mesh.data=8", "zero.stage=0"])
     assert len(one) == 5
     np.testing.assert_allclose(eight, one, rtol=1e-5)
-    params = result["state"].params
+    params = result.state.params
     assert all(len(x.sharding.device_set) == 8 and x.sharding.is_fully_replicated for x in jax.tree.leaves(params))
 
 
@@ -37,7 +37,7 @@ def test_a_short_run_learns_and_writes_the_run_directory(tiny_overrides, tmp_pat
     curve, result = losses(overrides)
     assert curve[-1] < curve[0], curve
     run = tmp_path / "run"
-    assert (run / "config.yaml").is_file() and (run / "sample.txt").read_text() == result["sample"]
+    assert (run / "config.yaml").is_file() and (run / "sample.txt").read_text() == result.sample
     assert config.load(run / "config.yaml").train.steps == 60
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [10, 20, 30, 40, 50, 60]
@@ -45,7 +45,7 @@ def test_a_short_run_learns_and_writes_the_run_directory(tiny_overrides, tmp_pat
     assert "eval_loss" in lines[2] and "eval_loss" in lines[5] and "eval_loss" not in lines[3]
     assert lines[-1]["eval_loss"] < 3.5, lines  # ln 256 = 5.55 nats at the start
     assert all(a["lr"] > b["lr"] for a, b in zip(lines, lines[1:]))  # cosine after the warmup
-    assert result["sample"].startswith("def ") and len(result["sample"].encode("utf-8", "replace")) >= 200
+    assert result.sample.startswith("def ") and len(result.sample.encode("utf-8", "replace")) >= 200
 
 
 def test_non_finite_gradients_skip_the_update(tiny_overrides):

@@ -177,15 +177,16 @@ def cmd_train(args) -> int:
     if cfg.train.report and jax_process_index() == 0:
         report.write_page([report.read_run(cfg.run_dir)], cfg.run_dir / "report.html")
         print(f"zerojax: report {cfg.run_dir / 'report.html'}")
-    if result["stopped"]:
-        print(f"zerojax: stopped by {result['stopped']['signal']} after step {result['stopped']['step']}; "
-              f"checkpoint saved in {cfg.run_dir}/checkpoints/{result['stopped']['step']}; rerun the same command "
+    stopped = result.stopped
+    if stopped:
+        print(f"zerojax: stopped by {stopped.signal} after step {stopped.step}; "
+              f"checkpoint saved in {cfg.run_dir}/checkpoints/{stopped.step}; rerun the same command "
               "to continue")
         return 0
-    last = result["history"][-1] if result["history"] else {}
+    last = result.history[-1] if result.history else {}
     summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("loss", "eval_loss") if k in last)
-    print(f"zerojax: done: {summary}; run directory {result['run_dir']}")
-    print("sample:\n" + result["sample"])
+    print(f"zerojax: done: {summary}; run directory {result.run_dir}")
+    print("sample:\n" + result.sample)
     return 0
 
 

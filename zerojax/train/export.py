@@ -30,14 +30,8 @@ def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple)
     Read chunk by chunk (the shards it was saved in) with tensorstore from orbax's OCDBT + zarr
     layout, so host memory holds one chunk at a time; where that layout is not found (another
     orbax version), the whole leaf at once through orbax's own restore."""
-    import tensorstore as ts
-
-    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
-                                          "path": "params." + path.replace("/", ".")}}
-    try:
-        store = ts.open(spec, open=True, read=True).result()
-        assert tuple(store.shape) == tuple(shape) and np.issubdtype(store.dtype.numpy_dtype, np.floating)
-    except Exception:  # noqa: BLE001 - any other layout: let orbax read it
+    store = _chunked_store(mgr, step, path, shape)
+    if store is None:  # any other layout: let orbax read it
         item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
         args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
                                       restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
@@ -49,6 +43,24 @@ def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple)
         block = tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
         yield block, np.asarray(store[block].read().result(), np.float32)  # frozen leaves are stored bf16
         _return_freed_memory()  # the chunk's buffers, before the next chunk
+
+
+def _chunked_store(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
+    """The tensorstore of one saved parameter in orbax's OCDBT + zarr layout, or None where the
+    checkpoint does not hold it that way (the store cannot be opened, or holds another shape or
+    a non-float dtype)."""
+    import tensorstore as ts
+
+    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
+                                          "path": "params." + path.replace("/", ".")}}
+    try:
+        store = ts.open(spec, open=True, read=True).result()
+        dtype = store.dtype.numpy_dtype
+    except Exception:  # noqa: BLE001 - tensorstore raises plain ValueErrors and more for a missing layout
+        return None
+    if tuple(store.shape) != tuple(shape) or not np.issubdtype(dtype, np.floating):
+        return None
+    return store
 
 
 def _return_freed_memory() -> None:

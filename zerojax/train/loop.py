@@ -151,10 +151,29 @@ def evaluate(setup: Setup, eval_step, params) -> float:
     return float(np.mean([float(x) for x in losses]))
 
 
-def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, stop_at: int | None = None) -> dict:
-    """Train per `cfg`, writing the run directory (and resuming from its newest checkpoint);
-    returns the metrics lines written by this call, the sample and the final state.
-    `stop_at`: behave as if SIGTERM arrived during that step (checkpoint and return)."""
+@dataclass(frozen=True)
+class Stopped:
+    """A run cut short by a signal: it finished `step`, checkpointed it and returned."""
+
+    signal: str  # "SIGTERM" or "SIGINT"
+    step: int
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one call of `run` did."""
+
+    history: list[dict]  # the metrics lines this call wrote (a resumed run: only its own)
+    sample: str  # the text sampled at the end ("" if stopped, or the model has no `logits`)
+    run_dir: str
+    state: state_lib.TrainState  # the final state
+    stopped: Stopped | None  # None: the run reached train.steps
+    resumed_from: int  # the checkpoint step this call continued from (0: a fresh start)
+
+
+def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) -> RunResult:
+    """Train per `cfg`, writing the run directory (and resuming from its newest checkpoint).
+    SIGTERM or SIGINT during a step: the loop finishes it, checkpoints and returns."""
     setup = setup or prepare(cfg)
     out, start, step_def = cfg.run_dir, setup.resume_step, setup.step
     abstract = state_lib.init_state(step_def, abstract=True)
@@ -196,12 +215,11 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
                 tick, since = time.perf_counter(), 0
             else:
                 bar.update(step)
-            signals.received = signals.received or ("stop_at" if step == stop_at else None)
             if ckpt and (signals.received or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0)):
                 checkpoint.save(ckpt, step_def.plan, step_def.mesh, state, step, config_lib.to_dict(cfg))
                 saved_at = step
             if signals.received:
-                stopped = {"signal": signals.received, "step": step}
+                stopped = Stopped(signals.received, step)
                 break
     if ckpt:
         if stopped is None and saved_at != cfg.train.steps:
@@ -213,8 +231,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None, 
         sample = sample_text(step_def.view, step_def.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
     if stopped is None and lead:
         (out / "sample.txt").write_text(sample)
-    return {"history": history, "sample": sample, "run_dir": str(out), "state": state, "stopped": stopped,
-            "resumed_from": start}
+    return RunResult(history, sample, str(out), state, stopped, start)
 
 
 @contextlib.contextmanager

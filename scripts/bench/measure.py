@@ -1,0 +1,172 @@
+"""`measure NAME`: one measurement of the plan, in the process `plan` starts for it; its entry
+is written to --result whatever happens. Also the timed steps `stages` reuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+import zerojax
+
+from bench import ROOT, write_json
+from bench.plan import BY_NAME, Measurement, overrides
+
+REPORT_KEYS = ("argument_bytes", "temp_bytes", "output_bytes", "comm_bytes", "comm_theory_bytes")
+
+
+def measure_main(opts) -> int:
+    """`bench.py measure NAME`: write one entry to --result, whatever happens."""
+    try:
+        entry = measure(BY_NAME[opts.name], opts)
+    except Exception as err:  # noqa: BLE001 - any failure is this entry's result, not the run's
+        entry = {"status": "error", "error": f"{type(err).__name__}: {first_line(err)}"}
+        traceback.print_exc()  # into the plan's log
+    write_json(Path(opts.result), entry)
+    return 0 if entry["status"] != "error" else 1
+
+
+def measure(m: Measurement, opts) -> dict:
+    if opts.xla_preset:
+        zerojax.apply_xla_preset(opts.xla_preset)  # before the backend starts
+    cfg = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run))
+    try:
+        row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
+        if m.quant_overhead:
+            row.update(quant_overhead(cfg, row["step_s"], opts))
+    except ValueError as err:  # prepare's "not implemented in zerojax yet"
+        if m.feature and "not implemented" in str(err):
+            return {"status": "skipped", "reason": f"{m.feature}: {err}"}
+        raise
+    return {**row, **device_info()}
+
+
+def throughput(cfg, opts) -> dict:
+    start = time.perf_counter()
+    engine, compiled = zerojax.compile_step(cfg)  # includes building the engine
+    compile_s = time.perf_counter() - start
+    params = zerojax.count_params(cfg)
+    report = zerojax.stage_report(cfg, engine, compiled, params)
+    step_s, loss = timed_steps(cfg, engine, compiled, zerojax.init_state(engine), opts.steps, opts.warmup)
+    return {"status": "ok", "params": params, "compile_s": compile_s, **rates(cfg, engine, params, step_s, opts),
+            "loss": loss, "analyze_peak_bytes": zerojax.peak_bytes(report), **{k: report[k] for k in REPORT_KEYS},
+            "all_gather_dtype": report["comm_dtypes"].get("all-gather"),  # None: nothing gathered (N = 1)
+            **device_memory()}
+
+
+def gathered_units(engine) -> list[tuple[int, int]]:
+    """(elements, count) of the units a stage-3 step gathers: the outer unit, each stack's layers."""
+    depth = lambda name: jax.tree.leaves(engine.plan.leaves[name])[0].shape[0]
+    return [(zerojax.unit_size(engine, None), 1)] + [(zerojax.unit_size(engine, name), depth(name))
+                                                     for name in engine.units.names]
+
+
+def quant_overhead(cfg, step_s: float, opts) -> dict:
+    """What a quantized gather adds to a device's step, the network left out: for every unit,
+    twice (stage 3 gathers each unit in the forward and again in the backward), quantize and
+    encode the unit, then decode and dequantize it into the compute dtype, against casting it
+    to the compute dtype (what an unquantized bf16 gather does to its shard). Each unit is done
+    whole: on one device (N = 1) exactly the step's work, on N devices the dequantize exactly
+    and the quantize N times over (each device quantizes only its 1/N). On one device the step
+    itself gathers nothing (nothing is sharded), so this is the overhead to read there."""
+    engine = zerojax.make_engine(cfg, zerojax.make_mesh(cfg.mesh))
+    policy, units, quant = engine.policy, gathered_units(engine), zerojax.quant
+
+    def roundtrip(x_n):  # zerojax.quant's four steps, as one device runs them for a gather
+        count, length = quant.blocks(x_n.shape[0], policy.quant_block)
+        sent = quant.encode(*quant.quantize(x_n, policy.quant_block, policy.gather))
+        return quant.dequantize(*quant.decode(sent, count, length, policy.gather), x_n.shape[0], policy.compute)
+
+    cast = lambda x_n: x_n.astype(policy.compute)  # a gather's plain cast to the compute dtype
+    seconds = {"quant_s_per_step": 0.0, "cast_s_per_step": 0.0}
+    for n, count in units:  # a lax.map over a stack's layers writes every layer's result (none is skipped)
+        x = jax.random.normal(jax.random.key(0), (count, n), jnp.float32)
+        for key, fn in (("quant_s_per_step", roundtrip), ("cast_s_per_step", cast)):
+            seconds[key] += 2 * best_time(jax.jit(lambda x, fn=fn: jax.lax.map(fn, x)), x, opts.steps)
+        del x
+    return {**seconds, "gather_format": policy.gather.name, "quant_block": policy.quant_block,
+            "quant_overhead_of_step": (seconds["quant_s_per_step"] - seconds["cast_s_per_step"]) / step_s}
+
+
+def best_time(fn, x, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn(x)`, after one to compile."""
+    jax.block_until_ready(fn(x))
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def rates(cfg, engine, params: int, step_s: float, opts) -> dict:
+    tokens_per_sec = cfg.train.global_batch * cfg.model.seq_len / step_s
+    out = {"step_s": step_s, "tokens_per_sec": tokens_per_sec}
+    if opts.peak_tflops:  # model FLOPs utilisation, summed over the devices (PaLM appendix B)
+        flops = zerojax.model_flops_per_token(cfg)
+        out["mfu"] = tokens_per_sec * flops / (opts.peak_tflops * 1e12 * engine.mesh.devices.size)
+    return out
+
+
+def timed_steps(cfg, engine, compiled, state, steps: int, warmup: int) -> tuple[float, float]:
+    """Seconds per step after `warmup` steps, and the last loss (random tokens: only a sanity check)."""
+    shape = (cfg.train.global_batch, cfg.model.seq_len + 1)
+    make = jax.jit(lambda key: jax.random.randint(key, shape, 0, cfg.model.vocab_size, jnp.int32),
+                   out_shardings=zerojax.batch_sharding(engine.mesh))
+    batches = [make(jax.random.key(i)) for i in range(warmup + steps)]
+    for batch in batches[:warmup]:
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, batches))
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    return (time.perf_counter() - start) / steps, float(metrics["loss"])
+
+
+def fit(cfg, stage: int, opts) -> dict:
+    """`zerojax analyze --budget-gb`'s search for `stage`, then one real step of what it found."""
+    staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
+    engine, _ = zerojax.compile_step(staged)  # starts the backend with the mesh's devices; cached for the search
+    if stage != 3 and engine.mesh.shape["data"] == 1:
+        return {"status": "skipped", "reason": "one device on the data axis (N = 1): every stage holds "
+                "the same model states, so stage 0 fits what stage 3 fits"}
+    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
+    if not budget:
+        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    found = zerojax.largest_fitting(staged, stage, budget, max_steps=opts.fit_max_steps)
+    row = {"status": "ok", "stage": stage, "budget_bytes": budget, "found": found}
+    if found is None:  # not even the unscaled model fits
+        return row
+    model = dataclasses.replace(cfg.model, **{k: found[k] for k in ("d_model", "d_ff", "n_layers")})
+    big = dataclasses.replace(staged, model=model)
+    engine, compiled = zerojax.compile_step(big)  # a hit in the compilation cache: the search compiled it
+    try:
+        step_s, loss = timed_steps(big, engine, compiled, zerojax.init_state(engine), steps=1, warmup=0)
+    except jax.errors.JaxRuntimeError as err:  # out of memory: the estimate was wrong, say so
+        return {**row, "confirmed": False, "error": first_line(err), **device_memory()}
+    return {**row, "confirmed": True, "loss": loss, **rates(big, engine, found["params"], step_s, opts),
+            **device_memory()}
+
+
+def device_memory() -> dict:
+    """The device allocator's peak since the process started (None where the backend keeps none)."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats()
+    if not stats:
+        return {"peak_bytes_in_use": None, "memory_stats": f"memory_stats() is None on {device.platform}"}
+    return {"peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit")}
+
+
+def device_info() -> dict:
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "devices": jax.device_count(), "jax": jax.__version__}
+
+
+def first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0][:500]
