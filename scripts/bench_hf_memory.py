@@ -55,7 +55,7 @@ def cmd_import(hf_dir: str, *overrides: str):
 
 
     setup = setup_for(hf_dir, list(overrides), "/tmp/bench_hf_unused")
-    step = setup.step
+    step = setup.engine
     before, start = rss(), time.perf_counter()
     params = hf.init_params(hf_dir, step.plan, step.mesh, setup.cfg.model.family, step.units.names)
     jax.block_until_ready(params)
@@ -70,7 +70,7 @@ def cmd_save(hf_dir: str, run_dir: str):
     setup = setup_for(hf_dir, [], run_dir)
     state = train.start_state(setup, None, None, None)
     mgr = checkpoint.manager(Path(run_dir), 1)
-    checkpoint.save(mgr, setup.step.plan, setup.step.mesh, state, 0, config.to_dict(setup.cfg))
+    checkpoint.save(mgr, setup.engine.plan, setup.engine.mesh, state, 0, config.to_dict(setup.cfg))
     mgr.wait_until_finished()
     mgr.close()
 

@@ -31,7 +31,7 @@ from zerojax.train import step as step_lib
 
 
 def measure(setup, master, exact_loss: float, fmt: str, block: int, scale: str) -> dict:
-    step = setup.step
+    step = setup.engine
     policy = dataclasses.replace(step.policy, gather=jnp.dtype(fmt), quant_block=block, quant_scale=jnp.dtype(scale),
                                  compute=jnp.dtype(jnp.float32))
     seen = explicit.gathered_weights(step.mesh, step.plan, policy, step.units)(master)
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         cfg = config.load(overrides=overrides + ([f"model.init_from={opts.weights}"] if opts.weights else []))
         setup = train.prepare(cfg)
         master = train.start_state(setup, None, None, None).params
-    exact = train.evaluate(setup, step_lib.make_eval_step(setup.step), master)
+    exact = train.evaluate(setup, step_lib.make_eval_step(setup.engine), master)
     blocks = [int(b) for b in opts.blocks.split(",")]
     runs = [("int8", b, "float32") for b in blocks] + [("int8", b, "bfloat16") for b in blocks]
     runs += [("float8_e4m3fn", 2048, "float32")]

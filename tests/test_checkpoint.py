@@ -92,12 +92,12 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
 
     tensors = load_file(out)
     setup = train.prepare(config.load(overrides=BASE + ["zero.stage=3", "train.steps=4", f"train.out_dir={tmp_path}"]))
-    plan = {leaf.path: leaf for leaf in jax.tree.leaves(setup.step.plan.leaves)}
+    plan = {leaf.path: leaf for leaf in jax.tree.leaves(setup.engine.plan.leaves)}
     assert {name: tuple(t.shape) for name, t in tensors.items()} == {p: leaf.shape for p, leaf in plan.items()}
     assert [p for p, leaf in plan.items() if leaf.padded]  # vocab 300 is stored padded to 304 rows on 8 devices
-    assert sum(x.size for x in tensors.values()) == sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(setup.step.plan.leaves))
+    assert sum(x.size for x in tensors.values()) == sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(setup.engine.plan.leaves))
     # a fresh single-device model with the exported weights computes the trained model's logits
-    graphdef = setup.step.units.graphdef
+    graphdef = setup.engine.units.graphdef
     params = {}
     for name, value in tensors.items():
         *parents, last = name.split("/")
@@ -107,7 +107,7 @@ def test_export_has_true_shapes_and_the_models_logits(tmp_path):
         node[last] = value
     tokens = np.arange(32, dtype=np.int32).reshape(2, 16) % 256
     fresh = nnx.merge(graphdef, jax.device_put(params, jax.devices()[0])).logits(tokens)
-    trained = jax.jit(lambda p: setup.step.view(p).logits(tokens))(result.state.params)
+    trained = jax.jit(lambda p: setup.engine.view(p).logits(tokens))(result.state.params)
     np.testing.assert_allclose(np.asarray(fresh), np.asarray(trained), rtol=1e-5, atol=1e-5)
     # and back: init_from starts a new run from exactly these weights (bf16 export rounds them)
     ft = train.prepare(config.load(

@@ -12,6 +12,7 @@ import pytest
 
 from zerojax import cli
 from zerojax.config import rules
+from zerojax.parallel import mesh
 from zerojax.train import checkpoint
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
@@ -131,9 +132,16 @@ def option(command: str, flag: str) -> argparse.Action:
     ("analyze", "--schedule", rules.SCHEDULES),
     ("export", "--format", rules.EXPORT_FORMATS),
     ("export", "--dtype", rules.EXPORT_DTYPES),
-], ids=["memory --offload", "analyze --schedule", "export --format", "export --dtype"])
+    ("train", "--xla-preset", rules.XLA_PRESETS),
+    ("analyze", "--xla-preset", rules.XLA_PRESETS),
+], ids=["memory --offload", "analyze --schedule", "export --format", "export --dtype", "train --xla-preset",
+        "analyze --xla-preset"])
 def test_the_cli_offers_the_configs_choices(command, flag, valid):
     assert option(command, flag).choices is valid
+
+
+def test_the_xla_presets_the_cli_offers_are_the_meshs():
+    assert rules.XLA_PRESETS == tuple(mesh.XLA_PRESETS)
 
 
 def test_the_stages_the_cli_accepts_are_the_configs():

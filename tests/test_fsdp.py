@@ -136,7 +136,7 @@ def test_regime_names_the_activation_moving_case():
     cfg = config.load(overrides=["model.d_model=512", "model.n_heads=8", "model.d_ff=4096", "model.n_layers=2",
                                  "model.seq_len=32", "train.global_batch=8"])
     setup = train.prepare(cfg)
-    regime = traced.regime(cfg, setup.step)
+    regime = traced.regime(cfg, setup.engine)
     assert regime["tokens_per_device"] == 32 and regime["regime"] == "activation-moving"
     assert "tensor parallelism" in regime["advice"]
 

@@ -105,17 +105,17 @@ def test_padding_is_invisible(tmp_path):
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])
     np.testing.assert_allclose(three, one, rtol=1e-5)
     setup = train.prepare(config.load(overrides=common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"]))
-    wte = setup.step.plan.leaves["embed"]["wte"]["embedding"]
+    wte = setup.engine.plan.leaves["embed"]["wte"]["embedding"]
     assert wte.shape == (250, 36) and wte.stored == (256, 36) and wte.dim == 0
     stored = np.asarray(result.state.params["embed"]["wte"]["embedding"])
     assert stored.shape == (256, 36) and not stored[250:].any()  # pad rows stay zero
-    assert measure.count_params(setup.cfg) == sum(math.prod(x.shape) for x in jax.tree.leaves(setup.step.plan.leaves))
+    assert measure.count_params(setup.cfg) == sum(math.prod(x.shape) for x in jax.tree.leaves(setup.engine.plan.leaves))
 
 
 def test_frozen_leaves_keep_their_values_and_have_no_optimizer_state(tmp_path):
     overrides = TINY + SMALL + ["zero.stage=3", "optim.freeze=embed,*/ln1/*", f"train.out_dir={tmp_path}"]
     setup = train.prepare(config.load(overrides=overrides))
-    before = jax.device_get(state_lib.init_state(setup.step).params)
+    before = jax.device_get(state_lib.init_state(setup.engine).params)
     losses, result = run(overrides)
     assert losses[-1] < losses[0]
     after = jax.device_get(result.state.params)

@@ -59,12 +59,12 @@ def test_import_on_8_devices_stage_3_and_export_give_the_same_tensors(name, tmp_
                          "train.steps=1", "train.ckpt_every=0"]
     setup = train.prepare(config.load(overrides=overrides))
     state = train.start_state(setup, None, None, None)
-    specs = jax.tree.leaves(setup.step.plan.master_specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+    specs = jax.tree.leaves(setup.engine.plan.master_specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
     assert [x.sharding.spec for x in jax.tree.leaves(state.params)] == specs  # built in the plan's layout
     sharded = sum(x.nbytes for x in jax.tree.leaves(state.params) if x.sharding.spec != jax.sharding.PartitionSpec())
     assert sharded > 0.9 * sum(x.nbytes for x in jax.tree.leaves(state.params))
     mgr = checkpoint.manager(tmp_path / "run", 1)
-    checkpoint.save(mgr, setup.step.plan, setup.step.mesh, state, 0, config.to_dict(setup.cfg))
+    checkpoint.save(mgr, setup.engine.plan, setup.engine.mesh, state, 0, config.to_dict(setup.cfg))
     mgr.wait_until_finished()
     mgr.close()
     out = tmp_path / "export"

@@ -36,7 +36,7 @@ def test_a_peft_adapter_gives_the_logits_peft_gives(tmp_path):
     cfg = config.load(overrides=LORA + ONE_DEVICE + ["precision.frozen=float32", f"optim.lora.init_from={ADAPTER}",
                                                      f"train.out_dir={tmp_path}"])
     setup = train.prepare(cfg)
-    model = setup.step.view(train.start_state(setup, None, None, None).params)
+    model = setup.engine.view(train.start_state(setup, None, None, None).params)
     reference = load_file(FIXTURES / "llama-gqa-lora.logits.safetensors")
     logits = np.asarray(model.logits(reference["tokens"]))
     np.testing.assert_allclose(logits, reference["logits"], atol=1e-4, rtol=0)
@@ -102,7 +102,7 @@ def test_export_peft_names_match_peft_and_merge_matches_the_adapted_model(traine
     assert cli.main(["export", str(out), "--format", "hf", "--merge", "--out", str(merged)]) == 0
     assert not [k for k in hf_keys(merged) if "lora" in k]
     tokens = load_file(FIXTURES / "llama-gqa.logits.safetensors")["tokens"]
-    adapted = setup.step.view(result.state.params).logits(tokens)
+    adapted = setup.engine.view(result.state.params).logits(tokens)
     _, reloaded = hf.load(str(merged))
     np.testing.assert_allclose(reloaded.logits(tokens), adapted, atol=2e-4, rtol=0)
     # and the adapter continues a run: optim.lora.init_from reads what was exported

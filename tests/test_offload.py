@@ -34,8 +34,8 @@ def kind(x) -> str:
 def four_steps(overrides):
     """Losses and states of four steps, the second one poisoned (loss scale inf: skipped)."""
     setup = train.prepare(config.load(overrides=overrides))
-    step = step_lib.make_train_step(setup.step)
-    state, losses = state_lib.init_state(setup.step), []
+    step = step_lib.make_train_step(setup.engine)
+    state, losses = state_lib.init_state(setup.engine), []
     for i in range(4):
         batch = train.global_batch(setup, setup.corpus.train, 0, i)
         if i == 1:
@@ -50,7 +50,7 @@ def four_steps(overrides):
             continue
         state, metrics = step(state, batch)
         losses.append(float(metrics["loss"]))
-    return np.array(losses), state, setup.step
+    return np.array(losses), state, setup.engine
 
 
 # Stage 3 without LoRA: test_a_checkpoint_moves_between_placements (both values, grad_accum 2).

@@ -65,9 +65,9 @@ def setup_for(tiny_overrides, *more):
 
 def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides):
     setup = setup_for(tiny_overrides, "precision.compute=bf16")
-    state = state_lib.init_state(setup.step)
+    state = state_lib.init_state(setup.engine)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
-    step = step_lib.make_train_step(setup.step)
+    step = step_lib.make_train_step(setup.engine)
     hlo = step.lower(state, batch).as_text()
     dots = [line.rsplit(":", 1)[-1] for line in hlo.splitlines() if "dot_general" in line]
     assert len(dots) >= 20  # forward and backward of every matmul
@@ -79,10 +79,10 @@ def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides)
 
 def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
     setup = setup_for(tiny_overrides)
-    step = step_lib.make_train_step(setup.step)
+    step = step_lib.make_train_step(setup.engine)
     batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
 
-    state, _ = step(state_lib.init_state(setup.step), batches[0])
+    state, _ = step(state_lib.init_state(setup.engine), batches[0])
     before = jax.device_get(state)
     poisoned = state._replace(loss_scale=state.loss_scale._replace(scale=jnp.float32(jnp.inf)))
     state, metrics = step(poisoned, batches[1])  # loss x inf: every gradient is inf/nan
@@ -93,7 +93,7 @@ def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
     state, metrics = step(state._replace(loss_scale=before.loss_scale), batches[2])
     assert not bool(metrics["skipped"]) and int(state.step) == 2
 
-    reference, _ = step(state_lib.init_state(setup.step), batches[0])  # the same run without step 1
+    reference, _ = step(state_lib.init_state(setup.engine), batches[0])  # the same run without step 1
     reference, _ = step(reference, batches[2])
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), jax.device_get(reference.params))
 
@@ -109,7 +109,7 @@ def first_gradient(tiny_overrides, *more):
     """The first step's fp32 gradient of the loss (the scale divided out again), computed by the
     default schedule (the explicit shard_map one) as the train step computes it."""
     setup = setup_for(tiny_overrides, *more)
-    s = setup.step
+    s = setup.engine
     state = state_lib.init_state(s)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
     loss_and_grads = step_lib.SCHEDULES[s.unit_schedule](s.mesh, s.plan, s.policy, s.units, s.options)

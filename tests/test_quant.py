@@ -162,13 +162,13 @@ STEPS = 3
 def compiled(overrides: tuple):
     """A run's setup and its jitted train step, shared by the tests that start from other states."""
     setup = train.prepare(config.load(overrides=list(overrides)))
-    return setup, step_lib.make_train_step(setup.step)
+    return setup, step_lib.make_train_step(setup.engine)
 
 
 def run_steps(overrides, loaded=None):
     """(loss, grad norm) of each of STEPS train steps from `loaded` (or the init)."""
     setup, train_step = compiled(tuple(overrides))
-    state, out = state_lib.init_state(setup.step, loaded=loaded), []
+    state, out = state_lib.init_state(setup.engine, loaded=loaded), []
     for i in range(STEPS):
         state, metrics = train_step(state, train.global_batch(setup, setup.corpus.train, data_lib.TRAIN, i))
         out.append((float(metrics["loss"]), float(metrics["grad_norm"])))

@@ -46,15 +46,15 @@ def test_optimizer_equals_plain_optax_adamw(tmp_path):
     overrides = TINY + SMALL + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", "optim.clip_norm=0", "optim.schedule=constant",
                                 "optim.warmup_steps=0", "optim.weight_decay=0.1", f"train.out_dir={tmp_path}"]
     setup = train.prepare(config.load(overrides=overrides))
-    state = state_lib.init_state(setup.step)
-    step = step_lib.make_train_step(setup.step)
+    state = state_lib.init_state(setup.engine)
+    step = step_lib.make_train_step(setup.engine)
     batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
 
     params = jax.device_get(state.params)
     decays = jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key not in ("bias", "scale"), params)
     adamw = optax.adamw(3e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=decays)
     opt_state = adamw.init(params)
-    grad = jax.jit(jax.grad(lambda p, b: cross_entropy(nnx.merge(setup.step.units.graphdef, p).logits(b[:, :-1]), b[:, 1:])))
+    grad = jax.jit(jax.grad(lambda p, b: cross_entropy(nnx.merge(setup.engine.units.graphdef, p).logits(b[:, :-1]), b[:, 1:])))
     for batch in batches:
         state, _ = step(state, batch)
         updates, opt_state = adamw.update(grad(params, batch), opt_state, params)
@@ -69,9 +69,9 @@ def test_optimizer_equals_plain_optax_adamw(tmp_path):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_state_lives_in_the_plans_layout(stage, tmp_path):
     setup = train.prepare(config.load(overrides=TINY + SMALL + [f"zero.stage={stage}", f"train.out_dir={tmp_path}"]))
-    plan, n = setup.step.plan, setup.mesh.shape["data"]
-    state = state_lib.init_state(setup.step)
-    step = step_lib.make_train_step(setup.step)
+    plan, n = setup.engine.plan, setup.mesh.shape["data"]
+    state = state_lib.init_state(setup.engine)
+    step = step_lib.make_train_step(setup.engine)
     batch = train.global_batch(setup, setup.corpus.train, 0, 0)
 
     def check(state):

@@ -38,17 +38,30 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     parser = Parser(prog="zerojax", description="ZeRO / FSDP training in JAX")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    train = sub.add_parser("train", help="train a model (default: the tiny GPT on the stdlib corpus)")
+    _train_arguments(sub.add_parser("train", help="train a model (default: the tiny GPT on the stdlib corpus)"))
+    _memory_arguments(sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device"))
+    _analyze_arguments(sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas"))
+    _export_arguments(sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
+                                                    "Hugging Face directory"))
+    _tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)"))
+    _report_arguments(sub.add_parser("report", help="one self-contained HTML page: format explorer, memory "
+                                                    "calculator, the stages measured and the curves of runs"))
+    _formats_arguments(sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number"))
+    return parser
+
+
+def _train_arguments(train: Parser) -> None:
     train.add_argument("--config", help="YAML config file (see configs/)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="override a config field by dotted name, e.g. zero.stage=1 train.steps=50")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
+    train.add_argument("--xla-preset", choices=rules.XLA_PRESETS, help="XLA flags that overlap collectives with compute")
     train.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address")
     train.add_argument("--num-processes", type=positive_int, metavar="P", help="processes in the run")
     train.add_argument("--process-id", type=int, metavar="I", help="this process, 0..P-1")
 
-    memory = sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device")
+
+def _memory_arguments(memory: Parser) -> None:
     memory.add_argument("--params", type=parse_count, help="parameters Ψ (7.5e9, 124M, 3B)")
     memory.add_argument("--config", help="take Ψ from this config's model (abstract shapes)")
     memory.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (with --config)")
@@ -63,7 +76,8 @@ def build_parser() -> Parser:
                              "(default: the config's, else none)")
     memory.add_argument("--json", action="store_true", help="print one JSON document")
 
-    analyze = sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas")
+
+def _analyze_arguments(analyze: Parser) -> None:
     analyze.add_argument("--config", help="YAML config file (see configs/)")
     analyze.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     analyze.add_argument("--stages", type=stage_list, help="e.g. 0,3 (default 0,1,2,3; with precision.gather=int8 "
@@ -71,11 +85,11 @@ def build_parser() -> Parser:
     analyze.add_argument("--schedule", choices=rules.SCHEDULES, help="same as zero.schedule=...")
     analyze.add_argument("--budget-gb", type=parse_count, help="also find the largest depth x width scaling "
                          "of the model whose compiled peak fits this many GB per device")
-    analyze.add_argument("--xla-preset", choices=["gpu"], help="XLA flags that overlap collectives with compute")
+    analyze.add_argument("--xla-preset", choices=rules.XLA_PRESETS, help="XLA flags that overlap collectives with compute")
     analyze.add_argument("--json", action="store_true", help="print one JSON document")
 
-    export = sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
-                                           "Hugging Face directory")
+
+def _export_arguments(export: Parser) -> None:
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft)")
     export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
@@ -88,25 +102,26 @@ def build_parser() -> Parser:
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
 
-    tokenizer = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)")
+
+def _tokenizer_arguments(tokenizer: Parser) -> None:
     tokenizer.add_argument("action", choices=["train"])
     tokenizer.add_argument("source", nargs="?", default="stdlib", metavar="SOURCE",
                            help="stdlib (default: Python's own sources) or a .txt file")
     tokenizer.add_argument("--vocab-size", type=positive_int, required=True, metavar="N")
     tokenizer.add_argument("--out", required=True, metavar="DIR", help="writes DIR/tokenizer.json")
 
-    report = sub.add_parser("report", help="one self-contained HTML page: format explorer, memory calculator, "
-                                           "the stages measured and the curves of runs")
+
+def _report_arguments(report: Parser) -> None:
     report.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories to show, overlaid")
     report.add_argument("--out", default="report.html", help="the HTML file to write (default report.html)")
     report.add_argument("--no-analyze", action="store_true", help="do not compile the stages of a run that has "
                         "no RUN_DIR/analyze.json yet (its measured bars are then left out)")
 
-    formats = sub.add_parser("formats", help="how FP32, BF16, FP16 and FP8 store a number")
+
+def _formats_arguments(formats: Parser) -> None:
     formats.add_argument("values", nargs="*", metavar="VALUE", help="numbers to store, e.g. 0.1 70000 1e-8")
     formats.add_argument("--table", action="store_true", help="range and precision of each format")
     formats.add_argument("--json", action="store_true", help="print one JSON document")
-    return parser
 
 
 SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -170,7 +185,7 @@ def cmd_train(args) -> int:
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
           f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, "
-          f"stage {cfg.zero.stage}, compute {setup.step.policy.compute.name}")
+          f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)

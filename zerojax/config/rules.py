@@ -26,6 +26,7 @@ DISTRIBUTED = ("auto", "off")  # mesh.distributed
 RESUMES = ("auto", "never")  # train.resume
 EXPORT_FORMATS = ("safetensors", "hf", "peft")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`
+XLA_PRESETS = ("gpu",)  # --xla-preset: the names of parallel.mesh.XLA_PRESETS (which imports jax)
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FLOAT32_MAX = 3.4028234663852886e38  # loss scales are float32 scalars in the train state

@@ -114,44 +114,68 @@ def plan_table(doc: dict):
     return table
 
 
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table whose first column (the stage) is left-aligned and the rest right-aligned."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    return table
+
+
 def analyze_table(doc: dict):
+    """`zerojax analyze`'s tables and notes, in order (each part shown only where it applies)."""
     yield plan_table(doc)
-    mem = Table(title=f"Compiled train step, per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
-                      f"(N = {doc['devices']} on data), schedule {doc['schedule']}")
-    for column in ("stage", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"):
-        mem.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    yield _memory_table(doc)
+    for part in (_frozen_table(doc), _offload_table(doc)):
+        if part is not None:
+            yield part
+    yield _comm_table(doc)
+    yield from _notes(doc)
+
+
+def _memory_table(doc: dict) -> Table:
+    mem = _table(f"Compiled train step, per device: Ψ = {doc['params']:,}, mesh {doc['mesh']} "
+                 f"(N = {doc['devices']} on data), schedule {doc['schedule']}",
+                 ("stage", "arguments", "formula", "args/formula", "temp", "output", "replicated leaves"))
     for stage, m in doc["stages"].items():
         mem.add_row(stage, human_bytes(m["argument_bytes"]), human_bytes(m["formula_bytes"]),
                     f"{m['argument_bytes'] / m['formula_bytes']:.2f}", human_bytes(m["temp_bytes"]),
                     human_bytes(m["output_bytes"]), human_bytes(m["unsharded_bytes"]))
-    yield mem
+    return mem
+
+
+def _frozen_table(doc: dict) -> Table | None:
     frozen = {stage: m for stage, m in doc["stages"].items() if "trainable" in m}
-    if frozen:
-        bill = Table(title="Frozen leaves (optim.freeze, a LoRA base): the state the step keeps, per device "
-                           "(formula terms /N where the stage shards them)")
-        for column in ("stage", "trained Ψt", "frozen Ψf", "arguments", "b_f·Ψf + 12·Ψt", "plan", "args/formula"):
-            bill.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
-        for stage, m in frozen.items():
-            bill.add_row(stage, f"{m['trainable']:,}", f"{doc['params'] - m['trainable']:,}",
-                         human_bytes(m["argument_bytes"]), human_bytes(m["state_formula_bytes"]),
-                         human_bytes(m["state_bytes"]), f"{m['argument_bytes'] / m['state_formula_bytes']:.3f}")
-        yield bill
+    if not frozen:
+        return None
+    bill = _table("Frozen leaves (optim.freeze, a LoRA base): the state the step keeps, per device "
+                  "(formula terms /N where the stage shards them)",
+                  ("stage", "trained Ψt", "frozen Ψf", "arguments", "b_f·Ψf + 12·Ψt", "plan", "args/formula"))
+    for stage, m in frozen.items():
+        bill.add_row(stage, f"{m['trainable']:,}", f"{doc['params'] - m['trainable']:,}",
+                     human_bytes(m["argument_bytes"]), human_bytes(m["state_formula_bytes"]),
+                     human_bytes(m["state_bytes"]), f"{m['argument_bytes'] / m['state_formula_bytes']:.3f}")
+    return bill
+
+
+def _offload_table(doc: dict) -> Table | None:
     offloaded = {stage: m for stage, m in doc["stages"].items() if m.get("offload", "none") != "none"}
-    if offloaded:
-        mode = next(iter(offloaded.values()))["offload"]
-        place = Table(title=f"zero.offload={mode}: the compiled step's arguments by memory space (host: S(5) in "
-                            "their HLO layouts), per device")
-        for column in ("stage", "device", "host", "host formula", "host/formula", "temp"):
-            place.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
-        for stage, m in offloaded.items():
-            place.add_row(stage, human_bytes(m["device_argument_bytes"]), human_bytes(m["host_argument_bytes"]),
-                          human_bytes(m["host_formula_bytes"]),
-                          f"{m['host_argument_bytes'] / m['host_formula_bytes']:.3f}" if m["host_formula_bytes"] else "-",
-                          human_bytes(m["temp_bytes"]))
-        yield place
-    comm = Table(title="Bytes each device sends per step (ring volumes, from the optimized HLO)")
-    for column in ("stage", "all-gather", "reduce-scatter", "all-reduce", "total", "DESIGN §2", "measured/theory", ""):
-        comm.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    if not offloaded:
+        return None
+    mode = next(iter(offloaded.values()))["offload"]
+    place = _table(f"zero.offload={mode}: the compiled step's arguments by memory space (host: S(5) in "
+                   "their HLO layouts), per device", ("stage", "device", "host", "host formula", "host/formula", "temp"))
+    for stage, m in offloaded.items():
+        place.add_row(stage, human_bytes(m["device_argument_bytes"]), human_bytes(m["host_argument_bytes"]),
+                      human_bytes(m["host_formula_bytes"]),
+                      f"{m['host_argument_bytes'] / m['host_formula_bytes']:.3f}" if m["host_formula_bytes"] else "-",
+                      human_bytes(m["temp_bytes"]))
+    return place
+
+
+def _comm_table(doc: dict) -> Table:
+    comm = _table("Bytes each device sends per step (ring volumes, from the optimized HLO)",
+                  ("stage", "all-gather", "reduce-scatter", "all-reduce", "total", "DESIGN §2", "measured/theory", ""))
     top = max(m["comm_bytes"] for m in doc["stages"].values()) or 1
     for stage, m in doc["stages"].items():
         c, dtypes = m["comm"], m["comm_dtypes"]
@@ -160,7 +184,21 @@ def analyze_table(doc: dict):
                      human_bytes(m["comm_bytes"]), human_bytes(m["comm_theory_bytes"]),
                      f"{m['comm_bytes'] / m['comm_theory_bytes']:.3f}" if m["comm_theory_bytes"] else "-",
                      Text("█" * max(1, round(BAR_WIDTH * m["comm_bytes"] / top)), style="cyan"))
-    yield comm
+    return comm
+
+
+def _fits_table(doc: dict) -> Table:
+    fits = _table(f"Largest depth x width scaling whose compiled peak fits {human_bytes(doc['fits']['budget_bytes'])} "
+                  "per device", ("stage", "scale", "d_model", "d_ff", "layers", "params", "peak"))
+    for stage, f in doc["fits"]["stages"].items():
+        fits.add_row(stage, *(("-",) * 6 if f is None else (
+            f"{f['scale']:g}x", str(f["d_model"]), str(f["d_ff"]), str(f["n_layers"]),
+            f"{f['params']:,}", human_bytes(f["peak_bytes"]))))
+    return fits
+
+
+def _notes(doc: dict):
+    """The quantized gather's bytes, stage 3's temporaries, the fit search, the regime, the legend."""
     quantized = next((m for m in doc["stages"].values() if "gather_quantized" in m), None)
     if quantized:
         yield (f"quantized all-gathers: {quantized['gather_quantized']['note']}; DESIGN §2 with "
@@ -173,15 +211,7 @@ def analyze_table(doc: dict):
                f"{human_bytes(m3['temp_bytes'])}; "
                f"estimated from shapes: {parts} (sum {human_bytes(sum(est.values()))})")
     if "fits" in doc:
-        fits = Table(title=f"Largest depth x width scaling whose compiled peak fits "
-                           f"{human_bytes(doc['fits']['budget_bytes'])} per device")
-        for column in ("stage", "scale", "d_model", "d_ff", "layers", "params", "peak"):
-            fits.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
-        for stage, f in doc["fits"]["stages"].items():
-            fits.add_row(stage, *(("-",) * 6 if f is None else (
-                f"{f['scale']:g}x", str(f["d_model"]), str(f["d_ff"]), str(f["n_layers"]),
-                f"{f['params']:,}", human_bytes(f["peak_bytes"]))))
-        yield fits
+        yield _fits_table(doc)
     r = doc["regime"]
     yield f"regime: {r['regime']} ({r['tokens_per_device']} tokens per device). {r['advice']}"
     yield ("arguments: the persistent state the step reads (fp32 master + Adam m, v in the stage's layout, and "

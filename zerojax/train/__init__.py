@@ -4,6 +4,7 @@
     state.py       TrainState: born sharded, placed where zero.offload says
     step.py        the Engine (everything the compiled step needs) and the jitted step
     loop.py        prepare (set-up, where bad input surfaces) and run (the loop)
+    metrics.py     metrics.jsonl, continued on resume
     checkpoint.py  orbax save / restore / reshard
     export.py      a checkpoint as safetensors, a Hugging Face or a PEFT directory
     sample.py      generation, progress bar

@@ -8,11 +8,8 @@ jitted train step under either schedule) lives in `zerojax.step`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -25,6 +22,7 @@ from zerojax import data as data_lib
 from zerojax.parallel import mesh as mesh_lib
 from zerojax.config import Config
 from zerojax.errors import ConfigError
+from zerojax.train.metrics import kept_metrics, metrics_line, open_metrics, write_line
 from zerojax.train.sample import Progress, sample_text
 from zerojax.interop import hf
 from zerojax.interop import peft
@@ -40,16 +38,16 @@ log = logging.getLogger("zerojax")
 
 @dataclass(frozen=True)
 class Setup:
-    """A run: its config, its step, its data, and where it resumes from."""
+    """A run: its config, its engine, its data, and where it resumes from."""
 
     cfg: Config
-    step: step_lib.Engine
+    engine: step_lib.Engine
     corpus: data_lib.Corpus
     resume_step: int = 0  # the checkpoint this run continues from (0: a fresh start)
 
     @property
     def mesh(self):
-        return self.step.mesh
+        return self.engine.mesh
 
 
 def prepare(cfg: Config) -> Setup:
@@ -121,7 +119,7 @@ def resume_step(cfg: Config) -> int:
 
 def start_state(setup: Setup, ckpt, abstract, shardings):
     """The state the run starts from: its newest checkpoint, `model.init_from`, or a fresh init."""
-    cfg, step = setup.cfg, setup.step
+    cfg, step = setup.cfg, setup.engine
     if setup.resume_step:
         return checkpoint.restore(ckpt, step.plan, step.mesh, setup.resume_step, abstract, shardings,
                                   finish=lambda state: state._replace(weights=step.weights_of(state.params)))
@@ -137,7 +135,7 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
 
 def global_batch(setup: Setup, tokens: np.ndarray, stream: int, step: int) -> jax.Array:
     """The global batch for `step`, built from the rows this process owns."""
-    cfg, sharding = setup.cfg, mesh_lib.batch_sharding(setup.step.mesh)
+    cfg, sharding = setup.cfg, mesh_lib.batch_sharding(setup.engine.mesh)
     rows = data_lib.process_rows(sharding, cfg.train.global_batch)
     local = data_lib.batch_rows(tokens, cfg.model.seq_len, cfg.train.seed, stream, step,
                                 cfg.train.global_batch, rows)
@@ -175,13 +173,13 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
     """Train per `cfg`, writing the run directory (and resuming from its newest checkpoint).
     SIGTERM or SIGINT during a step: the loop finishes it, checkpoints and returns."""
     setup = setup or prepare(cfg)
-    out, start, step_def = cfg.run_dir, setup.resume_step, setup.step
-    abstract = state_lib.init_state(step_def, abstract=True)
+    out, start, engine = cfg.run_dir, setup.resume_step, setup.engine
+    abstract = state_lib.init_state(engine, abstract=True)
     ckpt = checkpoint.manager(out, cfg.train.keep) if cfg.train.ckpt_every or start else None
-    state = start_state(setup, ckpt, abstract, state_lib.state_shardings(step_def, abstract))
+    state = start_state(setup, ckpt, abstract, state_lib.state_shardings(engine, abstract))
     first = global_batch(setup, setup.corpus.train, data_lib.TRAIN, start)
-    train_step = step_lib.make_train_step(step_def, abstract).lower(state, first).compile()  # compile before timing
-    eval_step = step_lib.make_eval_step(step_def)
+    train_step = step_lib.make_train_step(engine, abstract).lower(state, first).compile()  # compile before timing
+    eval_step = step_lib.make_eval_step(engine)
 
     lead = jax.process_index() == 0  # process 0 writes the run directory; all write checkpoints
     if lead:
@@ -205,70 +203,40 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
             do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == cfg.train.steps)
             if do_eval or (cfg.train.log_every and step % cfg.train.log_every == 0):
                 metrics = jax.device_get(metrics)  # waits for this step: the time below includes it
-                line = _metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
+                line = metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
                 if do_eval:
-                    line["eval_loss"] = evaluate(setup, eval_step, step_def.forward_params(state))
-                log.write(json.dumps(line) + "\n")
-                log.flush()
+                    line["eval_loss"] = evaluate(setup, eval_step, engine.forward_params(state))
+                write_line(log, line)
                 history.append(line)
                 bar.update(step, line)
                 tick, since = time.perf_counter(), 0
             else:
                 bar.update(step)
             if ckpt and (signals.received or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0)):
-                checkpoint.save(ckpt, step_def.plan, step_def.mesh, state, step, config_lib.to_dict(cfg))
+                checkpoint.save(ckpt, engine.plan, engine.mesh, state, step, config_lib.to_dict(cfg))
                 saved_at = step
             if signals.received:
                 stopped = Stopped(signals.received, step)
                 break
     if ckpt:
         if stopped is None and saved_at != cfg.train.steps:
-            checkpoint.save(ckpt, step_def.plan, step_def.mesh, state, cfg.train.steps, config_lib.to_dict(cfg))
+            checkpoint.save(ckpt, engine.plan, engine.mesh, state, cfg.train.steps, config_lib.to_dict(cfg))
         ckpt.wait_until_finished()  # never exit before the last save is complete
         ckpt.close()
-    sample = ""  # every process samples (SPMD); a model without `logits` has no sample
-    if stopped is None and step_def.units.has_logits:
-        sample = sample_text(step_def.view, step_def.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
-    if stopped is None and lead:
-        (out / "sample.txt").write_text(sample)
+    sample = "" if stopped else write_sample(setup, state, lead)
     return RunResult(history, sample, str(out), state, stopped, start)
 
 
-@contextlib.contextmanager
-def open_metrics(path, resume_step: int, lead: bool = True):
-    """metrics.jsonl, continued after `resume_step` (later lines from an unfinished run dropped);
-    only process 0 writes it."""
-    if not lead:
-        with open(os.devnull, "w") as f:
-            yield f
-        return
-    kept = kept_metrics(path, resume_step) if resume_step else []
-    path.write_text("".join(line + "\n" for line in kept))
-    with path.open("a") as f:
-        yield f
-
-
-def kept_metrics(path, resume_step: int) -> list[str]:
-    """The lines of metrics.jsonl up to `resume_step` (later ones belong to the steps that will be
-    run again). A last line without its newline is a write cut short by a kill: dropped."""
-    text = path.read_text() if path.is_file() else ""
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines.pop()
-    kept = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            step = json.loads(line)["step"]
-        except (json.JSONDecodeError, TypeError, KeyError):
-            step = None
-        if not isinstance(step, int):
-            raise ConfigError(f"{path}, line {number}: {line[:60]!r} is not a metrics line (JSON with a step); "
-                              "repair or delete that line to resume")
-        if step <= resume_step:
-            kept.append(line)
-    return kept
+def write_sample(setup: Setup, state, lead: bool) -> str:
+    """The end-of-run sample (every process samples: SPMD; a model without `logits` has none),
+    written to sample.txt by process 0."""
+    cfg, engine = setup.cfg, setup.engine
+    sample = ""
+    if engine.units.has_logits:
+        sample = sample_text(engine.view, engine.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
+    if lead:
+        (cfg.run_dir / "sample.txt").write_text(sample)
+    return sample
 
 
 class StopSignals:
@@ -291,10 +259,3 @@ class StopSignals:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-def _metrics_line(step: int, metrics: dict, tokens_per_sec: float) -> dict:
-    m = jax.device_get(metrics)
-    return {"step": step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
-            "lr": float(m["lr"]), "loss_scale": float(m["loss_scale"]), "skipped": bool(m["skipped"]),
-            "tokens_per_sec": round(tokens_per_sec, 1)}
