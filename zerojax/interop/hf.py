@@ -39,6 +39,8 @@ from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
 from zerojax.models import registry
 from zerojax.models.family import Tensor
+from zerojax.models.protocol import Units
+from zerojax.optim.lora import is_adapter
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill, shard_plan
 
 
@@ -64,8 +66,6 @@ def _expected_shape(leaf: plan_lib.LeafPlan, tensor: Tensor, stacked: bool) -> t
 
 def base_leaves(plan: plan_lib.Plan):
     """The plan's leaves that a model checkpoint holds: all but LoRA adapters (a nested dict)."""
-    from zerojax.optim.lora import is_adapter
-
     return trees.select(plan.leaves, jax.tree.map(lambda leaf: is_adapter(leaf.path), plan.leaves), False)
 
 
@@ -148,8 +148,6 @@ def init_params(init_from: str, plan: plan_lib.Plan, mesh, family: str, stacked:
 def load(directory: str):
     """(ModelConfig, model) from an HF directory, on one device in fp32: `model.logits(tokens)`
     gives [B, T, V] logits; `enter`/`exit` make it trainable through the unit protocol."""
-    from zerojax.models import Units
-
     cfg = ModelConfig(**hf_model_keys(directory), init_from=directory)
     model = registry.build(cfg, Policy(), 0)
     units = Units.of(model)

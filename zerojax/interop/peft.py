@@ -13,6 +13,7 @@ from zerojax.parallel import trees
 from zerojax.models import registry
 from zerojax.models.family import Tensor
 from zerojax.config import read_json_object
+from zerojax.optim.lora import is_adapter
 from zerojax.interop.hf import check, sharded_params
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
@@ -35,8 +36,6 @@ def peft_mapping(family: str) -> dict:
 
 def peft_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[Entry]:
     """`hf_tensors`' rows for the LoRA adapters among `shapes`, with PEFT's names."""
-    from zerojax.optim.lora import is_adapter
-
     table, out = peft_mapping(family), []
     for path, shape in shapes.items():
         if not is_adapter(path):
@@ -54,8 +53,6 @@ def init_adapters(directory: str, plan: plan_lib.Plan, mesh, family: str, stacke
     """`optim.lora.init_from`: a PEFT adapter directory's A and B, in the plan's layout (checked
     from the headers first: its rank and alpha must be the run's, and it must hold an adapter
     for exactly the kernels the run's targets name). `build=False`: only check."""
-    from zerojax.optim.lora import is_adapter
-
     where = f"optim.lora.init_from={directory}"
     config_file, weights = Path(directory) / "adapter_config.json", Path(directory) / "adapter_model.safetensors"
     if not config_file.is_file() or not weights.is_file():

@@ -83,7 +83,7 @@ def run_labels(runs: list[Run]) -> list[str]:
 def measured_section(runs: list[Run], labels: list[str]) -> str:
     if not runs:
         return ""
-    from zerojax.report import plots
+    from zerojax.report import plots  # matplotlib: only when a page is drawn, not for `memory` or `formats`
     out = ['<h3>Measured: the compiled step of each stage, next to the formula</h3>']
     for i, (run, label) in enumerate(zip(runs, labels)):
         doc = run.analysis
@@ -101,7 +101,7 @@ def measured_section(runs: list[Run], labels: list[str]) -> str:
 
 
 def runs_section(runs: list[Run], labels: list[str]) -> str:
-    from zerojax.report import plots
+    from zerojax.report import plots  # matplotlib: only when a page is drawn, not for `memory` or `formats`
 
     rows = "\n".join(run_row(run, label, plots.COLORS[i % len(plots.COLORS)])
                      for i, (run, label) in enumerate(zip(runs, labels)))

@@ -109,6 +109,19 @@ class Tape(NamedTuple):
     enter_vjp: Callable
     glue_vjps: dict  # per stack after the first: the vjp of `between`
     queue: tuple  # units the forward already gathered for the backward (prefetch)
+    residuals: dict  # per stack: the Residuals layout its saved values follow
+
+
+class Residuals(NamedTuple):
+    """What one layer of a stack keeps for its backward, as a layout traced once from abstract
+    values: the dtypes of what is saved (stored as bits, `storage.as_bits`), and for
+    remat=none|dots the pullback's treedef and, for each of its leaves, the index of the weight
+    it is (None: a residual that is saved). Every trace of a block (the scan body, the unrolled
+    prefetch units) has this layout; the backward rebuilds the pullback from it."""
+
+    dtypes: tuple
+    treedef: Any = None
+    slots: tuple = ()
 
 
 def _add(a, b):
@@ -156,53 +169,71 @@ class UnitPasses:
         only weight-sized residuals of its vjp are the weights themselves."""
         return jax.tree.map(lambda a: a.astype(self.policy.compute), w)
 
-    def block_forward(self, name: str, structure: dict, x, w, _):
+    def residuals_of(self, name: str, x) -> Residuals:
+        """The layout of what one layer of stack `name` keeps, for input `x`: traced once, on
+        abstract values (the block's weights as gathered: true shapes, compute dtype)."""
+        if self.recompute:
+            return Residuals(tuple(a.dtype for a in jax.tree.leaves(x)))
+        w = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape[1:], self.policy.compute), self.plan.leaves[name])
+        pullback = []  # the trace's (treedef, slots): Python values, not arrays, so not eval_shape's output
+
+        def trace(w, x):
+            _, saved, *layout = block_residuals(self.block_fn(name), REMAT_POLICIES[self.options.remat], w,
+                                                self.frozen(name), x)
+            pullback.append(layout)
+            return saved
+
+        saved = jax.eval_shape(trace, w, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), x))
+        treedef, slots = pullback[0]
+        return Residuals(tuple(a.dtype for a in jax.tree.leaves(saved)), treedef, slots)
+
+    def block_fn(self, name: str) -> Callable:
+        return lambda w, x: self.units.block(name, w, x)
+
+    def block_forward(self, name: str, residuals: Residuals, x, w, _):
         """A block's output and what its backward needs (its input, or its residuals without
-        its weights), plus its gathered weights when they are kept."""
+        its weights, laid out as `residuals` says), plus its gathered weights when they are kept."""
         kept = w if self.keep else None
         if self.recompute:
             y, saved = self.units.block(name, w, x), x
         else:
-            apply = lambda w, x: self.units.block(name, w, x)
-            y, saved, treedef, slots = block_residuals(apply, REMAT_POLICIES[self.options.remat],
-                                                       self.as_compute(w), self.frozen(name), x)
-            # Every trace of a block (scan body, unrolled prefetch units) gives the same slots; the
-            # first trace's pullback serves all of them (its residuals are all in `leaves`).
-            if structure.setdefault("vjp", (treedef, slots))[1] != slots:
-                raise AssertionError("a block's vjp residuals changed between traces")
-        structure.setdefault("saved", [a.dtype for a in jax.tree.leaves(saved)])
+            y, saved, _, slots = block_residuals(self.block_fn(name), REMAT_POLICIES[self.options.remat],
+                                                 self.as_compute(w), self.frozen(name), x)
+            if slots != residuals.slots:  # a bug (in jax or here), never bad input
+                raise AssertionError(f"the vjp residuals of a block of {name!r} differ between traces")
         return y, (as_bits(saved), kept)
 
-    def block_backward(self, name: str, structure: dict, send: Callable, dy, w, xs):
+    def block_backward(self, name: str, residuals: Residuals, send: Callable, dy, w, xs):
         """A block's input gradient, and its weight gradient sent on (reduce-scattered or not)."""
         (saved, _), shard = xs
-        saved = from_bits(saved, structure["saved"])
+        saved = from_bits(saved, residuals.dtypes)
         if self.recompute:
-            _, vjp = vjp_trained(lambda w, x: self.units.block(name, w, x), w, self.frozen(name), saved)
+            _, vjp = vjp_trained(self.block_fn(name), w, self.frozen(name), saved)
         else:
-            treedef, slots = structure["vjp"]
-            weights, residuals = jax.tree.leaves(self.as_compute(w)), iter(saved)
-            vjp = jax.tree.unflatten(treedef, [next(residuals) if k is None else weights[k] for k in slots])
+            weights, values = jax.tree.leaves(self.as_compute(w)), iter(saved)
+            vjp = jax.tree.unflatten(residuals.treedef, [next(values) if k is None else weights[k]
+                                                         for k in residuals.slots])
         dw, dx = vjp(dy)
         return dx, send(dw, shard)
 
-    def forward(self, sources, batch, structures: dict) -> Tape:
+    def forward(self, sources, batch) -> Tape:
         """enter, each stack's layers (and the glue between stacks), up to the loss's input."""
         outer, frozen = self.exchange(None).fetch(self.units.outer_of(sources)), self.frozen(None)
         x, enter_vjp = vjp_trained(lambda w: self.units.enter(w, batch), outer, frozen)
-        saved, glue, queue, names = {}, {}, (), self.units.names
+        saved, glue, queue, names, residuals = {}, {}, (), self.units.names, {}
         for k, name in enumerate(names):
             if k:  # the glue reads the outer unit gathered for enter (freed after the last glue)
                 x, glue[name] = vjp_trained(lambda w, x, name=name: self.units.between(w, name, x, batch),
                                             outer, frozen, x)
             # The last stack's forward goes on gathering its backward's first units (prefetch).
             wrap = k == len(names) - 1 and self.ahead > 0 and not self.keep
-            step = lambda x, w, e, name=name: self.block_forward(name, structures[name], x, w, e)
+            residuals[name] = self.residuals_of(name, x)
+            step = lambda x, w, e, name=name: self.block_forward(name, residuals[name], x, w, e)
             x, saved[name], queue = queued_scan(step, self.exchange(name).fetch, sources[name], (), x, self.ahead,
                                                 wrap=wrap)
-        return Tape(x, outer if self.keep else None, saved, enter_vjp, glue, queue)
+        return Tape(x, outer if self.keep else None, saved, enter_vjp, glue, queue, residuals)
 
-    def backward(self, tape: Tape, sources, shards, batch, scale, structures: dict):
+    def backward(self, tape: Tape, sources, shards, batch, scale):
         """The loss (the outer unit gathered again, or kept), then every unit's gradient in
         reverse order. Returns (w·l / n_calls, w / n_calls, gradients)."""
         outer_ex = self.exchange(None)
@@ -216,7 +247,8 @@ class UnitPasses:
         for k in reversed(range(len(names))):
             name, ex = names[k], self.exchange(names[k])
             source, fetch = (tape.saved[name][1], lambda w: w) if self.keep else (sources[name], ex.fetch)
-            step = lambda dy, w, xs, name=name, ex=ex: self.block_backward(name, structures[name], ex.send, dy, w, xs)
+            step = lambda dy, w, xs, name=name, ex=ex: self.block_backward(name, tape.residuals[name], ex.send, dy, w,
+                                                                           xs)
             queue = tape.queue if k == len(names) - 1 else ()
             dx, grads[name], _ = queued_scan(step, fetch, source, (tape.saved[name], shards.get(name, {})), dx,
                                              0 if self.keep else self.ahead, reverse=True, queue=queue or None)
@@ -233,9 +265,7 @@ class UnitPasses:
 
         `sources`: what units are fetched from (master shards at stage 3, whole weights else);
         `shards`: the trained leaves' master shards (the layout gradients are reduce-scattered into)."""
-        structures = {name: {} for name in self.units.names}
-        tape = self.forward(sources, batch, structures)
-        return self.backward(tape, sources, shards, batch, scale, structures)
+        return self.backward(self.forward(sources, batch), sources, shards, batch, scale)
 
 
 def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options: StepOptions):

@@ -11,12 +11,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
-from zerojax.config import EXPORT_FORMATS, file_in_the_way
+from zerojax.config import EXPORT_FORMATS, ModelConfig, file_in_the_way
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
 from zerojax.interop import peft
 from zerojax.interop import safetensors as safetensors_io
 from zerojax.train import model as model_lib
+from zerojax.models.protocol import Units
 from zerojax.precision import Policy
 from zerojax.train.checkpoint import manager, read_metadata
 
@@ -137,15 +138,12 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
 
 
 def _stacked(model: dict) -> tuple[str, ...]:
-    from zerojax.config import ModelConfig
-    from zerojax.models import Units
-
+    """The stacks of a saved run's model (its config.yaml's model section)."""
     return Units.of(model_lib.abstract_model(ModelConfig(**model), Policy())).names
 
 
 def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
                tokenizer: str = "") -> tuple[int, int]:
-
     return hf.save(out, model, shapes, _stacked(model), blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
                    tokenizer=tokenizer)
 
