@@ -4,7 +4,7 @@ sections check their values against these tuples, the CLI's choices are these tu
 module imports no jax.
 
 The rules between keys (`check_between_keys`) take the whole `Config`; the checks that need the mesh (batch
-divisibility) live where the mesh is known (`train.make_engine`)."""
+divisibility) live where the mesh is known (`train.step.make_engine`)."""
 
 from __future__ import annotations
 

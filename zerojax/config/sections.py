@@ -4,7 +4,7 @@ The dataclass defaults are the tiny default run (`configs/tiny.yaml` spells them
 file only overrides defaults, and `KEY=VALUE` overrides by dotted name (`zero.stage=1`) are
 parsed to the field's type. Every section checks itself in `__post_init__`, against the
 enumerations of `rules`; `Config` then applies the rules between keys (`rules.check_between_keys`).
-Checks that need the mesh (batch divisibility) live where the mesh is known (`train.make_engine`).
+Checks that need the mesh (batch divisibility) live where the mesh is known (`train.step.make_engine`).
 Bad input, here and everywhere else in zerojax, is a `ConfigError` whose message names the key
 (or path), the value and what would be valid; the CLI turns it into one `zerojax: error:` line
 and exit code 2. Any other exception (a bug, in zerojax or in a user's model) keeps its

@@ -1,6 +1,6 @@
 """Hugging Face checkpoints in and out, for every family that declares a Hugging Face layout
 (`models.family.HfLayout`, next to the family's modules: its architectures, its config.json keys
-both ways, its tensor table), as safetensors, one tensor at a time. This engine names no family
+both ways, its tensor table), as safetensors, one tensor at a time. This converter names no family
 and no architecture; it reads them from the registry.
 
 In: `model.init_from=DIR` (config.json, and model.safetensors or model.safetensors.index.json

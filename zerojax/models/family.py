@@ -1,6 +1,6 @@
 """What a built-in family declares besides its modules: its Hugging Face layout (docs/design.md,
 "Adding a family"). No jax here: config reads a family's architectures and checks, and the
-generic engine in `zerojax.interop.hf` its tables, through `zerojax.models.registry`.
+generic converter in `zerojax.interop.hf` its tables, through `zerojax.models.registry`.
 
 A family module (`models/gpt.py`, `models/llama.py`) holds
 

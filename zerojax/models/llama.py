@@ -162,7 +162,7 @@ def check_config(cfg) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Hugging Face: LlamaForCausalLM, and MistralForCausalLM, the same layout (a sliding window, the
-# one difference, is refused by the engine).
+# one difference, is refused by config.hf_config).
 
 HF_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
