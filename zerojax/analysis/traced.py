@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from zerojax.schedules import quant
 from zerojax.parallel.mesh import DATA
 from zerojax.models.protocol import REMAT_POLICIES
-from zerojax.schedules import explicit
+from zerojax.schedules import residuals
 from zerojax.train import step as step_lib
 
 
@@ -104,9 +104,9 @@ def saved_per_block(cfg, engine, name: str, x) -> int:
     w = unit_params(engine, name, engine.policy.compute)
     apply = lambda w, x: engine.units.block(name, w, x)
     frozen = engine.plan.frozen[name]
-    residuals = jax.eval_shape(
-        lambda w, x: explicit.block_residuals(apply, REMAT_POLICIES[cfg.model.remat], w, frozen, x)[1], w, x)
-    return nbytes(residuals)
+    kept = jax.eval_shape(
+        lambda w, x: residuals.block_residuals(apply, REMAT_POLICIES[cfg.model.remat], w, frozen, x)[1], w, x)
+    return nbytes(kept)
 
 
 def regime(cfg, engine) -> dict:

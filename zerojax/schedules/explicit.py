@@ -51,36 +51,12 @@ from zerojax.parallel.mesh import BATCH_AXES, DATA, REPLICA
 from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
 from zerojax.parallel.plan import Plan
-from zerojax.parallel.trees import combine, frozen_part, microbatches, trained
+from zerojax.parallel.trees import microbatches, trained
 from zerojax.schedules.flat import UnitLayout
 from zerojax.schedules.options import StepOptions
+from zerojax.schedules.residuals import Residuals, block_residuals, vjp_trained
 from zerojax.schedules.prefetch import queued_scan
 from zerojax.schedules.storage import as_bits, from_bits, read_weights, weights_dtype
-
-
-def vjp_trained(fn: Callable, w, frozen, *args):
-    """jax.vjp of fn(w, *args) with respect to w's trained leaves and `args`: frozen leaves
-    (`frozen`, a mask like w) are closed over, so no gradient is ever computed for them.
-    The pullback returns (d trained leaves, *d args)."""
-    w_frozen = frozen_part(w, frozen)
-    return jax.vjp(lambda w_trained, *args: fn(combine(w_trained, w_frozen), *args), trained(w, frozen), *args)
-
-
-def block_residuals(apply_block: Callable, remat_policy: Callable, w, frozen, x_BTD):
-    """y, and the residuals a block's backward needs under `remat_policy`, without its weights.
-
-    The vjp's residuals are what the policy saves (all of them for remat=none, the matmul
-    outputs for remat=dots) plus the block's inputs. The weights among them are recognised by
-    identity and left out, with their slots: the backward puts the re-gathered weights back in
-    their places, so a gathered unit is never stored for the backward pass (frozen weights,
-    closed over, are found the same way).
-    Returns (y, residuals, treedef, slots)."""
-    fn = apply_block if remat_policy is REMAT_POLICIES["none"] else jax.checkpoint(apply_block, policy=remat_policy)
-    y_BTD, vjp = vjp_trained(fn, w, frozen, x_BTD)
-    leaves, treedef = jax.tree.flatten(vjp)
-    slot_of = {id(leaf): k for k, leaf in enumerate(jax.tree.leaves(w))}
-    slots = tuple(slot_of.get(id(leaf)) for leaf in leaves)
-    return y_BTD, [leaf for leaf, k in zip(leaves, slots) if k is None], treedef, slots
 
 
 @dataclass(frozen=True)
@@ -110,18 +86,6 @@ class Tape(NamedTuple):
     glue_vjps: dict  # per stack after the first: the vjp of `between`
     queue: tuple  # units the forward already gathered for the backward (prefetch)
     residuals: dict  # per stack: the Residuals layout its saved values follow
-
-
-class Residuals(NamedTuple):
-    """What one layer of a stack keeps for its backward, as a layout traced once from abstract
-    values: the dtypes of what is saved (stored as bits, `storage.as_bits`), and for
-    remat=none|dots the pullback's treedef and, for each of its leaves, the index of the weight
-    it is (None: a residual that is saved). Every trace of a block (the scan body, the unrolled
-    prefetch units) has this layout; the backward rebuilds the pullback from it."""
-
-    dtypes: tuple
-    treedef: Any = None
-    slots: tuple = ()
 
 
 def _add(a, b):
