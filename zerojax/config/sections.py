@@ -25,18 +25,19 @@ from zerojax.models import registry
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    family: str = "gpt"  # gpt | llama | module:factory (a model of your own, README "Bring your own model")
+    family: str = "gpt"  # gpt | llama | gemma | module:factory (a model of your own, README "Bring your own model")
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
     n_heads: int = 4  # attention heads; must divide d_model
     n_kv_heads: int = 0  # llama: key/value heads (grouped-query attention); 0 = n_heads
+    head_dim: int = 0  # 0 = d_model // n_heads (gemma may set its own; gpt and llama use the quotient)
     d_ff: int = 512  # hidden width of the MLP (llama: SwiGLU's intermediate size)
     seq_len: int = 128  # context length in tokens
     rope_theta: float = 10000.0  # llama: rotary embedding base
     norm_eps: float = 1e-5  # epsilon of the norms (llama: RMSNorm, gpt: LayerNorm)
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
-    tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false)
+    tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false, gemma: true)
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
 
     def __post_init__(self):
@@ -46,6 +47,7 @@ class ModelConfig:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"):
             _at_least(f"model.{key}", getattr(self, key), 1)
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
+        _at_least("model.head_dim", self.head_dim, 0)
         for key in ("rope_theta", "norm_eps"):
             _finite(f"model.{key}", getattr(self, key), 0, above=True)
         _choice("model.remat", self.remat, REMATS)

@@ -155,7 +155,10 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:
 
 
 def check_config(cfg) -> None:
-    """GPT's rule on a ModelConfig: one key/value head per query head."""
+    """GPT's rules on a ModelConfig: one key/value head per query head, of width d_model / n_heads."""
+    if cfg.head_dim not in (0, cfg.d_model // cfg.n_heads):
+        raise ConfigError(f"model.head_dim={cfg.head_dim}: gpt's heads are model.d_model / model.n_heads = "
+                          f"{cfg.d_model // cfg.n_heads} wide (leave model.head_dim=0, or use model.family=gemma)")
     if cfg.n_kv_heads not in (0, cfg.n_heads):
         raise ConfigError(f"model.n_kv_heads={cfg.n_kv_heads}: grouped-query attention is llama's; gpt has one "
                           "key/value head per query head (leave model.n_kv_heads=0, or use model.family=llama)")

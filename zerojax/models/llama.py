@@ -151,7 +151,11 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Llama:
 
 
 def check_config(cfg) -> None:
-    """Llama's rule on a ModelConfig: the rotary embedding rotates pairs, so the head dim is even."""
+    """Llama's rules on a ModelConfig: heads of width d_model / n_heads (HF's LlamaForCausalLM
+    derives head_dim so), and the rotary embedding rotates pairs, so the head dim is even."""
+    if cfg.head_dim not in (0, cfg.d_model // cfg.n_heads):
+        raise ConfigError(f"model.head_dim={cfg.head_dim}: llama's heads are model.d_model / model.n_heads = "
+                          f"{cfg.d_model // cfg.n_heads} wide (leave model.head_dim=0, or use model.family=gemma)")
     if (cfg.d_model // cfg.n_heads) % 2:
         even = [h for h in range(cfg.n_heads, 0, -1) if cfg.d_model % h == 0 and cfg.d_model // h % 2 == 0]
         fix = f"try model.n_heads={even[0]}" if even else "use an even model.d_model"
