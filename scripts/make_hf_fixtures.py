@@ -14,7 +14,10 @@ zerojax.  Install them in a separate virtual environment, never zerojax's:
 
 and run it from anywhere (outputs go under the repo root found from this file):
 
-    /work/hfvenv/bin/python scripts/make_hf_fixtures.py
+    /work/hfvenv/bin/python scripts/make_hf_fixtures.py [--only gemma]
+
+(`--only NAME` writes that fixture alone and leaves the others' committed bytes as they are, for
+when the installed torch/transformers differ from the versions that made them.)
 
 Outputs (committed, a few hundred KB in all) in tests/fixtures/hf/:
 
@@ -23,6 +26,9 @@ Outputs (committed, a few hundred KB in all) in tests/fixtures/hf/:
     llama-tied/             LlamaForCausalLM, MHA, tied embeddings,
                             rope_theta=500000, single model.safetensors
     gpt2/                   GPT2LMHeadModel (tied), single model.safetensors
+    gemma/                  GemmaForCausalLM, MQA (4 q heads / 1 kv head),
+                            head_dim 16 != hidden 32 / 4 heads, tied,
+                            single model.safetensors
     <name>.logits.safetensors   tensors "tokens" int32 [2,12] and
                                 "logits" float32 [2,12,256]
 
@@ -45,7 +51,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +160,28 @@ def gpt2_config(**overrides) -> GPT2Config:
     return GPT2Config(**kw)
 
 
+def gemma_config(**overrides) -> GemmaConfig:
+    # head_dim 16 with hidden 32 and 4 heads: a converter that derives the head dim from
+    # hidden / heads (8) gets the wrong shapes. One kv head: multi-query attention.
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        hidden_act="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        attn_implementation="eager",
+    )
+    kw.update(overrides)
+    return GemmaConfig(**kw)
+
+
 # name -> (model class, config factory, max_shard_size or None for one file)
 TINY_FIXTURES = {
     # ~140 KB of fp32 weights; 40KB shards split it into several files, so the
@@ -167,6 +195,7 @@ TINY_FIXTURES = {
         None,
     ),
     "gpt2": (GPT2LMHeadModel, lambda: gpt2_config(), None),
+    "gemma": (GemmaForCausalLM, lambda: gemma_config(), None),
 }
 
 
@@ -179,9 +208,11 @@ def build(model_cls, config, weight_std: float) -> torch.nn.Module:
     return model.eval()
 
 
-def make_tiny_fixtures() -> None:
+def make_tiny_fixtures(only: list[str] | None = None) -> None:
     FIXTURE_DIR.mkdir(parents=True, exist_ok=True)
     for name, (model_cls, make_config, shard) in TINY_FIXTURES.items():
+        if only and name not in only:
+            continue
         model = build(model_cls, make_config(), TINY_WEIGHT_STD)
         save_checkpoint(model, FIXTURE_DIR / name, max_shard_size=shard)
         logits = reference_logits(model)
@@ -210,12 +241,14 @@ def main() -> None:
                         help="also write a random ~125M Llama (GQA) checkpoint, sharded at 200MB, into DIR")
     parser.add_argument("--skip-tiny", action="store_true",
                         help="do not (re)write tests/fixtures/hf")
+    parser.add_argument("--only", action="append", choices=sorted(TINY_FIXTURES), metavar="NAME",
+                        help="(re)write only this tiny fixture (repeatable); default: all of them")
     args = parser.parse_args()
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars are noise here
     torch.manual_seed(0)
     if not args.skip_tiny:
-        make_tiny_fixtures()
+        make_tiny_fixtures(args.only)
     if args.gpt2_small:
         make_benchmark_checkpoint(
             GPT2LMHeadModel, GPT2Config(attn_implementation="eager"), args.gpt2_small, None
