@@ -59,7 +59,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         x = x_BTD.astype(jnp.float32)
         y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (y * (1.0 + self.scale.value.astype(jnp.float32))).astype(x_BTD.dtype)
+        return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(x_BTD.dtype)
 
 
 class Attention(nnx.Module):
