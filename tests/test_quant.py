@@ -182,7 +182,7 @@ def run_steps(overrides, loaded=None):
 def test_step_at_the_master_is_the_unquantized_step_at_the_dequantized_weights(gather, stage):
     quantized = TINY + [f"precision.gather={gather}", f"zero.stage={stage}", "zero.quant_block=64"]
     exact = TINY + [f"zero.stage={stage}"]
-    step = compiled(tuple(quantized))[0].step
+    step = compiled(tuple(quantized))[0].engine
     master = state_lib.init_state(step).params
     seen = explicit.gathered_weights(step.mesh, step.plan, step.policy, step.units)(master)
     got, reference = run_steps(quantized), run_steps(exact, loaded=jax.device_get(seen))
