@@ -37,7 +37,7 @@ from zerojax.errors import ConfigError
 from zerojax.models import protocol
 from zerojax.models.family import HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
-from zerojax.models.llama import rope
+from zerojax.models.llama import causal_attention, rope
 from zerojax.precision import Policy
 
 STD = 0.02  # HF's initializer_range
@@ -76,15 +76,8 @@ class Attention(nnx.Module):
         q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta)
         k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta)
         v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        # Head h reads key/value head h // (H / G), as HF's repeat_kv (G = 1: multi-query).
-        q_BTGRK = q_BTHK.reshape(B, T, self.n_kv_heads, self.n_heads // self.n_kv_heads, -1)
-        scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(q_BTHK.shape[-1]))  # head_dim ** -0.5, as HF's GemmaAttention
-        causal_TT = jnp.tril(jnp.ones((T, T), bool))
-        scores = jnp.where(causal_TT, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
-        y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK)
-        return self.o_proj(y_BTGRK.reshape(B, T, -1))
+        # Scaled by head_dim ** -0.5, as HF's GemmaAttention (query_pre_attn_scalar = head_dim).
+        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK).reshape(B, T, -1))
 
 
 class MLP(nnx.Module):

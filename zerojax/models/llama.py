@@ -49,6 +49,21 @@ def rope(x_BTHK: jax.Array, theta: float) -> jax.Array:
     return (x_BTHK * cos + rotated * sin).astype(x_BTHK.dtype)
 
 
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
+    """Causal grouped-query attention scaled by head_dim ** -0.5 (G = H: multi-head; G = 1:
+    multi-query), softmax in fp32: [B, T, H, K]. Head h reads key/value head h // (H / G), as
+    HF's repeat_kv."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
+    scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(K))
+    causal_TT = jnp.tril(jnp.ones((T, T), bool))
+    scores = jnp.where(causal_TT, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
+    return jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK).reshape(B, T, H, K)
+
+
 class Attention(nnx.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, theta: float, policy: Policy, rngs: nnx.Rngs):
         self.n_heads, self.n_kv_heads, self.theta = n_heads, n_kv_heads, theta
@@ -63,15 +78,7 @@ class Attention(nnx.Module):
         q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta)
         k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta)
         v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        # Head h reads key/value head h // (H / G), as HF's repeat_kv.
-        q_BTGRK = q_BTHK.reshape(B, T, self.n_kv_heads, self.n_heads // self.n_kv_heads, -1)
-        scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(q_BTHK.shape[-1]))
-        causal_TT = jnp.tril(jnp.ones((T, T), bool))
-        scores = jnp.where(causal_TT, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
-        y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK)
-        return self.o_proj(y_BTGRK.reshape(B, T, -1))
+        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK).reshape(B, T, -1))
 
 
 class MLP(nnx.Module):
