@@ -37,16 +37,11 @@ from zerojax.errors import ConfigError
 from zerojax.models import protocol
 from zerojax.models.family import HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
-from zerojax.models.llama import causal_attention, rope
+from zerojax.models.llama import MLP, Attention
 from zerojax.precision import Policy
 
 STD = 0.02  # HF's initializer_range
 ACTIVATION = "gelu_pytorch_tanh"  # HF's name for the one activation this family has
-
-
-def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
-    return nnx.Linear(d_in, d_out, use_bias=False, dtype=policy.compute, param_dtype=policy.param,
-                      kernel_init=nnx.initializers.normal(STD), rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -62,33 +57,9 @@ class RMSNorm(nnx.Module):
         return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(x_BTD.dtype)
 
 
-class Attention(nnx.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, theta: float, policy: Policy,
-                 rngs: nnx.Rngs):
-        self.n_heads, self.n_kv_heads, self.theta = n_heads, n_kv_heads, theta
-        self.q_proj = _dense(d_model, n_heads * head_dim, policy, rngs)
-        self.k_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
-        self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
-        self.o_proj = _dense(n_heads * head_dim, d_model, policy, rngs)
-
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        B, T, _ = x_BTD.shape
-        q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta)
-        k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta)
-        v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        # Scaled by head_dim ** -0.5, as HF's GemmaAttention (query_pre_attn_scalar = head_dim).
-        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK).reshape(B, T, -1))
-
-
-class MLP(nnx.Module):
-    def __init__(self, d_model: int, d_ff: int, policy: Policy, rngs: nnx.Rngs):
-        self.gate_proj = _dense(d_model, d_ff, policy, rngs)
-        self.up_proj = _dense(d_model, d_ff, policy, rngs)
-        self.down_proj = _dense(d_ff, d_model, policy, rngs)
-
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        # GeGLU; approximate=True is torch's gelu(approximate="tanh"), HF's gelu_pytorch_tanh.
-        return self.down_proj(jax.nn.gelu(self.gate_proj(x_BTD), approximate=True) * self.up_proj(x_BTD))
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """HF's gelu_pytorch_tanh: torch's gelu(approximate="tanh")."""
+    return jax.nn.gelu(x, approximate=True)
 
 
 class DecoderLayer(nnx.Module):
@@ -98,7 +69,7 @@ class DecoderLayer(nnx.Module):
         self.input_layernorm = RMSNorm(d_model, eps, policy)
         self.self_attn = Attention(d_model, n_heads, n_kv_heads, head_dim, theta, policy, rngs)
         self.post_attention_layernorm = RMSNorm(d_model, eps, policy)
-        self.mlp = MLP(d_model, d_ff, policy, rngs)
+        self.mlp = MLP(d_model, d_ff, policy, rngs, activation=gelu_tanh)  # GeGLU
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD))

@@ -65,9 +65,11 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) ->
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, theta: float, policy: Policy, rngs: nnx.Rngs):
+    """Rotary grouped-query attention without biases (Llama's; Gemma's with its own head_dim)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, theta: float, policy: Policy,
+                 rngs: nnx.Rngs):
         self.n_heads, self.n_kv_heads, self.theta = n_heads, n_kv_heads, theta
-        head_dim = d_model // n_heads
         self.q_proj = _dense(d_model, n_heads * head_dim, policy, rngs)
         self.k_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
         self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
@@ -82,13 +84,16 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, d_model: int, d_ff: int, policy: Policy, rngs: nnx.Rngs):
+    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with `activation=jax.nn.silu` (Llama's)."""
+
+    def __init__(self, d_model: int, d_ff: int, policy: Policy, rngs: nnx.Rngs, activation=jax.nn.silu):
+        self.activation = activation
         self.gate_proj = _dense(d_model, d_ff, policy, rngs)
         self.up_proj = _dense(d_model, d_ff, policy, rngs)
         self.down_proj = _dense(d_ff, d_model, policy, rngs)
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+        return self.down_proj(self.activation(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
 
 
 class DecoderLayer(nnx.Module):
@@ -96,7 +101,7 @@ class DecoderLayer(nnx.Module):
 
     def __init__(self, d_model, n_heads, n_kv_heads, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs):
         self.input_layernorm = _norm(d_model, eps, policy, rngs)
-        self.self_attn = Attention(d_model, n_heads, n_kv_heads, theta, policy, rngs)
+        self.self_attn = Attention(d_model, n_heads, n_kv_heads, d_model // n_heads, theta, policy, rngs)
         self.post_attention_layernorm = _norm(d_model, eps, policy, rngs)
         self.mlp = MLP(d_model, d_ff, policy, rngs)
 
