@@ -135,9 +135,7 @@ class GPT(nnx.Module):
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks)."""
         x_BTD = self.embed(tokens_BT)
-        graphdef, stacked = nnx.split(self.blocks)
-        x_BTD, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None), x_BTD, stacked)
-        return self.head(x_BTD, self.embed)
+        return self.head(protocol.apply_stack(self.blocks, x_BTD), self.embed)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D."""

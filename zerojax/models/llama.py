@@ -141,10 +141,7 @@ class Llama(nnx.Module):
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
-        graphdef, stacked = nnx.split(self.layers)
-        x_BTD, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None),
-                                self.embed_tokens(tokens_BT), stacked)
-        return self.head(x_BTD)
+        return self.head(protocol.apply_stack(self.layers, self.embed_tokens(tokens_BT)))
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D

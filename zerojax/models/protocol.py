@@ -125,6 +125,14 @@ class Units:
         return nnx.merge(self.graphdef, params)
 
 
+def apply_stack(stack, x):
+    """A stack module's layers applied in order with `lax.scan` (a model's own one-device
+    `logits`: sampling and checks against transformers)."""
+    graphdef, stacked = nnx.split(stack)
+    x, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None), x, stacked)
+    return x
+
+
 def scan_stack(units: Units, name: str, stacked: dict, x, remat: str = "none", constrain: Callable = _identity):
     """Apply the layers of stack `name` one at a time with `lax.scan` (`remat` per layer)."""
 
