@@ -54,16 +54,17 @@ def sigterm_during(step: int):
     that step, checkpoints it and returns. The first step of a run is built before the loop
     installs its handlers, so `step` must be a later one."""
     from zerojax import data
+    from zerojax.train import loop
 
-    real = data.batch_rows
+    real = loop.global_batch
 
-    def batch_rows(tokens, seq_len, seed, stream, index, *rest):
-        if stream == data.TRAIN and index == step - 1:
+    def global_batch(setup, split, index):
+        if split == data.TRAIN and index == step - 1:
             # Without the loop's handler, SIGTERM would end pytest itself: say so instead.
             assert callable(signal.getsignal(signal.SIGTERM)), f"no SIGTERM handler while step {step} is built"
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(tokens, seq_len, seed, stream, index, *rest)
+        return real(setup, split, index)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(data, "batch_rows", batch_rows)
+        patch.setattr(loop, "global_batch", global_batch)
         yield

@@ -92,7 +92,7 @@ def test_a_fine_tune_on_8_devices_equals_one_device(name, tmp_path):
     np.testing.assert_allclose(eight, one, rtol=1e-5)
     # and it started from the checkpoint: step 1's loss is the HF model's loss on step 1's batch
     setup = train.prepare(config.load(overrides=common + [f"train.out_dir={tmp_path / 'x'}"]))
-    batch = np.asarray(train.global_batch(setup, setup.corpus.train, 0, 0))
+    batch = np.asarray(train.global_batch(setup, 0, 0))
     _, model = hf.load(str(FIXTURES / name))
     expected = cross_entropy(model.logits(batch[:, :-1]), batch[:, 1:])
     np.testing.assert_allclose(one[0], expected, rtol=1e-5)

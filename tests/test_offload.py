@@ -37,7 +37,7 @@ def four_steps(overrides):
     step = step_lib.make_train_step(setup.engine)
     state, losses = state_lib.init_state(setup.engine), []
     for i in range(4):
-        batch = train.global_batch(setup, setup.corpus.train, 0, i)
+        batch = train.global_batch(setup, 0, i)
         if i == 1:
             before = jax.device_get(state)
             poisoned = state._replace(loss_scale=state.loss_scale._replace(scale=jnp.float32(jnp.inf)))

@@ -66,7 +66,7 @@ def setup_for(tiny_overrides, *more):
 def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides):
     setup = setup_for(tiny_overrides, "precision.compute=bf16")
     state = state_lib.init_state(setup.engine)
-    batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+    batch = train.global_batch(setup, 0, 0)
     step = step_lib.make_train_step(setup.engine)
     hlo = step.lower(state, batch).as_text()
     dots = [line.rsplit(":", 1)[-1] for line in hlo.splitlines() if "dot_general" in line]
@@ -80,7 +80,7 @@ def test_compute_runs_in_bf16_while_master_and_moments_stay_fp32(tiny_overrides)
 def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
     setup = setup_for(tiny_overrides)
     step = step_lib.make_train_step(setup.engine)
-    batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
+    batches = [train.global_batch(setup, 0, i) for i in range(3)]
 
     state, _ = step(state_lib.init_state(setup.engine), batches[0])
     before = jax.device_get(state)
@@ -111,7 +111,7 @@ def first_gradient(tiny_overrides, *more):
     setup = setup_for(tiny_overrides, *more)
     s = setup.engine
     state = state_lib.init_state(s)
-    batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+    batch = train.global_batch(setup, 0, 0)
     loss_and_grads = step_lib.SCHEDULES[s.unit_schedule](s.mesh, s.plan, s.policy, s.units, s.options)
     scale = state.loss_scale.scale
     _, grads = jax.jit(loss_and_grads)(state.params, batch, scale)

@@ -48,7 +48,7 @@ def test_the_weights_matter(tmp_path):
     """Control for the test above: with a bare mean per device (weights dropped), 8 devices
     would not equal one device. Here the same run's per-device weights really differ."""
     setup = train.prepare(config.load(overrides=TINY + [f"train.out_dir={tmp_path}"]))
-    batch = np.asarray(train.global_batch(setup, setup.corpus.train, 0, 0))
+    batch = np.asarray(train.global_batch(setup, 0, 0))
     counts = [(rows[:, 1:] != ord(" ")).sum() for rows in np.split(batch, 8)]
     assert len(set(counts)) > 1, counts
 

@@ -170,7 +170,7 @@ def run_steps(overrides, loaded=None):
     setup, train_step = compiled(tuple(overrides))
     state, out = state_lib.init_state(setup.engine, loaded=loaded), []
     for i in range(STEPS):
-        state, metrics = train_step(state, train.global_batch(setup, setup.corpus.train, data_lib.TRAIN, i))
+        state, metrics = train_step(state, train.global_batch(setup, data_lib.TRAIN, i))
         out.append((float(metrics["loss"]), float(metrics["grad_norm"])))
     return np.array(out)
 

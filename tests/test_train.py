@@ -53,7 +53,7 @@ def test_non_finite_gradients_skip_the_update(tiny_overrides):
     state = state_lib.init_state(setup.engine)
     poisoned = state._replace(params=jax.tree.map(lambda x: x.at[..., 0].set(jnp.inf) if x.ndim == 3 else x, state.params))
     before = jax.device_get(poisoned)
-    batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+    batch = train.global_batch(setup, 0, 0)
     after, metrics = step_lib.make_train_step(setup.engine)(poisoned, batch)
     assert bool(metrics["skipped"]) and int(after.skipped) == 1 and int(after.step) == 0
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), jax.device_get(after.params), before.params)

@@ -48,7 +48,7 @@ def test_optimizer_equals_plain_optax_adamw(tmp_path):
     setup = train.prepare(config.load(overrides=overrides))
     state = state_lib.init_state(setup.engine)
     step = step_lib.make_train_step(setup.engine)
-    batches = [train.global_batch(setup, setup.corpus.train, 0, i) for i in range(3)]
+    batches = [train.global_batch(setup, 0, i) for i in range(3)]
 
     params = jax.device_get(state.params)
     decays = jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key not in ("bias", "scale"), params)
@@ -72,7 +72,7 @@ def test_state_lives_in_the_plans_layout(stage, tmp_path):
     plan, n = setup.engine.plan, setup.mesh.shape["data"]
     state = state_lib.init_state(setup.engine)
     step = step_lib.make_train_step(setup.engine)
-    batch = train.global_batch(setup, setup.corpus.train, 0, 0)
+    batch = train.global_batch(setup, 0, 0)
 
     def check(state):
         specs = jax.tree.leaves(plan.master_specs, is_leaf=lambda s: isinstance(s, P))

@@ -10,7 +10,7 @@ The public API, for scripts and notebooks (each name is imported on first use, s
     make_engine(cfg, mesh) -> Engine                  model units, plan, policy, optimizer
     init_state(engine, abstract=False) -> TrainState  born sharded (or only its shapes)
     make_train_step(engine) -> jitted step            state, batch -> state, metrics
-    batch_shape(cfg) -> ShapeDtypeStruct              the global batch the data yields
+    batch_shape(cfg) -> pytree of ShapeDtypeStruct    the global batch the data yields
     abstract_model(model_config, policy, seed)        the model's structure and shapes, nothing allocated
     prepare(cfg) -> Setup; run(cfg, ...) -> RunResult the run loop (resume, signals, metrics)
     compile_step(cfg) -> (Engine, compiled)           nothing allocated

@@ -91,8 +91,7 @@ def peer_step(cfg):
     shardings = jax.tree.map(lambda spec: NamedSharding(m, spec), rule.apply(state),
                              is_leaf=lambda x: isinstance(x, P))
     abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state, shardings)
-    shape = zerojax.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=rows)
+    batch = zerojax.batch_shape(cfg, sharding=rows)
     jitted = jax.jit(train_step, in_shardings=(shardings, rows), out_shardings=(shardings, NamedSharding(m, P())),
                      donate_argnums=0)
     return engine, jitted, abstract, batch

@@ -42,8 +42,7 @@ def compile_step(cfg):
     """The compiled train step of `cfg` and its Engine, from abstract inputs (nothing allocated)."""
     engine = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
     state = state_lib.init_state(engine, abstract=True)
-    shape = step_lib.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=mesh_lib.batch_sharding(engine.mesh))
+    batch = step_lib.batch_shape(cfg, sharding=mesh_lib.batch_sharding(engine.mesh))
     return engine, step_lib.make_train_step(engine, state).lower(state, batch).compile()
 
 
@@ -183,8 +182,7 @@ def model_flops_per_token(cfg) -> float:
         return float(model.flops_per_token(cfg.model.seq_len))
     units = protocol.Units.of(model)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    shape = step_lib.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct((1,) + shape.shape[1:], shape.dtype)
+    batch = step_lib.batch_shape(cfg, rows=1)
     cost = jax.jit(lambda p, b: protocol.forward(units, p, b)[0]).lower(params, batch).cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return 3 * float(cost["flops"]) / cfg.model.seq_len

@@ -38,8 +38,7 @@ def unit_size(engine, name: str | None) -> int:
 def stack_inputs(cfg, engine, rows: int) -> dict:
     """Per stack, the (abstract) activations a layer takes, for `rows` rows on one device."""
     units, compute = engine.units, engine.policy.compute
-    shape = step_lib.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct((rows,) + shape.shape[1:], shape.dtype)
+    batch = step_lib.batch_shape(cfg, rows)
 
     def trace(outer, batch):
         x, xs = units.enter(outer, batch), {}
@@ -67,8 +66,7 @@ def transient_estimate(cfg, engine, b_gather: int, b_reduce: int) -> dict:
     xs = stack_inputs(cfg, engine, rows)
     depth = {name: jax.tree.leaves(engine.plan.leaves[name])[0].shape[0] for name in units.names}
     layer = max(unit_size(engine, name) for name in units.names)
-    shape = step_lib.batch_shape(cfg)
-    batch = jax.ShapeDtypeStruct((rows,) + shape.shape[1:], shape.dtype)
+    batch = step_lib.batch_shape(cfg, rows)
 
     def block_vjp(name):
         return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](x)

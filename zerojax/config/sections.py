@@ -14,6 +14,7 @@ traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import re
 from pathlib import Path
 from zerojax.config import rules
 from zerojax.config.rules import (DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
@@ -63,19 +64,27 @@ class ModelConfig:
             registry.family_module(self.family).check_config(self)
 
 
+def is_factory(source: str) -> bool:
+    """data.source names a function of the user's, `module:factory`, rather than a file."""
+    return re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", source) is not None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    #                         | module:factory (a source of your own: zerojax.data.sources)
     val_fraction: float = 0.1  # tail of the corpus held out for evaluation
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
 
     def __post_init__(self):
-        if self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy"):
+        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy")
+                and not is_factory(self.source)):
             raise ConfigError(
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "or a .bin/.npy token file"
+                "a .bin/.npy token file, or module:factory (a source of your own)"
             )
-        if self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt":
+        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt"
+                and not is_factory(self.source)):
             raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
                               f"data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:

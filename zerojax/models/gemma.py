@@ -71,9 +71,10 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(d_model, eps, policy)
         self.mlp = MLP(d_model, d_ff, policy, rngs, activation=gelu_tanh)  # GeGLU
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD))
-        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+    def __call__(self, x):
+        x_BTD, structure = protocol.unstream(x)
+        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), structure)
+        return protocol.stream(x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), structure)
 
 
 class Gemma(nnx.Module):
@@ -98,14 +99,15 @@ class Gemma(nnx.Module):
         # HF: inputs_embeds * torch.tensor(hidden_size ** 0.5, dtype=hidden dtype), rounded first.
         return x_BTD * jnp.asarray(math.sqrt(x_BTD.shape[-1]), x_BTD.dtype)
 
-    def enter(self, batch_BS: jax.Array) -> jax.Array:
-        return self.embed(protocol.inputs(batch_BS))
+    def enter(self, batch):
+        fields = protocol.text(batch)
+        return protocol.stream(self.embed(fields.inputs), fields.structure())
 
     def head(self, x_BTD: jax.Array) -> jax.Array:
         return self.embed_tokens.attend(self.norm(x_BTD)).astype(jnp.float32)  # tied: no normalizer here
 
-    def exit(self, x_BTD: jax.Array, batch_BS: jax.Array) -> jax.Array:
-        return protocol.cross_entropy(self.head(x_BTD), protocol.targets(batch_BS))
+    def exit(self, x, batch):
+        return protocol.text_loss(self.head(protocol.unstream(x)[0]), protocol.text(batch))
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""

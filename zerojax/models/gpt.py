@@ -51,9 +51,11 @@ class Embedding(nnx.Module):
         self.wpe = nnx.Param(init(rngs.params(), (seq_len, d_model), policy.param))
         self.compute = policy.compute
 
-    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-        pos_TD = self.wpe[...][: tokens_BT.shape[1]].astype(self.compute)
-        return self.wte(tokens_BT) + pos_TD[None]
+    def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
+        """Positions 0..T-1 unless given (packed rows restart them per example)."""
+        wpe = self.wpe[...]
+        pos_BTD = wpe[: tokens_BT.shape[1]][None] if positions_BT is None else jnp.take(wpe, positions_BT, axis=0)
+        return self.wte(tokens_BT) + pos_BTD.astype(self.compute)
 
 
 class Attention(nnx.Module):
@@ -62,13 +64,16 @@ class Attention(nnx.Module):
         self.qkv = _dense(d_model, 3 * d_model, policy, rngs)
         self.out = _dense(d_model, d_model, policy, rngs, std=0.02 / math.sqrt(2 * n_layers))
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, structure: dict | None = None) -> jax.Array:
+        """`structure`: the batch's segment ids or prefix (protocol.stream), if any."""
         B, T, D = x_BTD.shape
         q_BTHK, k_BTHK, v_BTHK = jnp.split(self.qkv(x_BTD).reshape(B, T, 3 * self.n_heads, -1), 3, axis=2)
         scores_BHTT = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BTHK).astype(jnp.float32)
         scores_BHTT = scores_BHTT / math.sqrt(q_BTHK.shape[-1])
-        causal_TT = jnp.tril(jnp.ones((T, T), bool))
-        scores_BHTT = jnp.where(causal_TT, scores_BHTT, jnp.finfo(jnp.float32).min)
+        structure = structure or {}
+        mask = (protocol.attention_mask(structure, T)[:, None] if set(structure) - {"positions"}
+                else jnp.tril(jnp.ones((T, T), bool)))
+        scores_BHTT = jnp.where(mask, scores_BHTT, jnp.finfo(jnp.float32).min)
         probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1).astype(v_BTHK.dtype)
         y_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTT, v_BTHK)
         return self.out(y_BTHK.reshape(B, T, D))
@@ -92,9 +97,10 @@ class Block(nnx.Module):
         self.ln2 = _norm(d_model, policy, rngs, eps)
         self.mlp = MLP(d_model, d_ff, n_layers, policy, rngs)
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        x_BTD = x_BTD + self.attn(self.ln1(x_BTD))
-        return x_BTD + self.mlp(self.ln2(x_BTD))
+    def __call__(self, x):
+        x_BTD, structure = protocol.unstream(x)
+        x_BTD = x_BTD + self.attn(self.ln1(x_BTD), structure)
+        return protocol.stream(x_BTD + self.mlp(self.ln2(x_BTD)), structure)
 
 
 class Head(nnx.Module):
@@ -126,11 +132,12 @@ class GPT(nnx.Module):
         self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
         self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs, norm_eps)
 
-    def enter(self, batch_BS: jax.Array) -> jax.Array:
-        return self.embed(protocol.inputs(batch_BS))
+    def enter(self, batch):
+        fields = protocol.text(batch)
+        return protocol.stream(self.embed(fields.inputs, fields.positions), fields.structure())
 
-    def exit(self, x_BTD: jax.Array, batch_BS: jax.Array) -> jax.Array:
-        return protocol.cross_entropy(self.head(x_BTD, self.embed), protocol.targets(batch_BS))
+    def exit(self, x, batch):
+        return protocol.text_loss(self.head(protocol.unstream(x)[0], self.embed), protocol.text(batch))
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks)."""

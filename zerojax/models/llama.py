@@ -37,29 +37,32 @@ def _norm(d: int, eps: float, policy: Policy, rngs: nnx.Rngs):
     return nnx.RMSNorm(d, epsilon=eps, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
 
 
-def rope(x_BTHK: jax.Array, theta: float) -> jax.Array:
+def rope(x_BTHK: jax.Array, theta: float, positions_BT: jax.Array | None = None) -> jax.Array:
     """Rotary embedding, HF's rotate-half layout: the first and second halves of each head dim
-    are the pair rotated together by angle position x theta^(-2i/K)."""
+    are the pair rotated together by angle position x theta^(-2i/K). Positions 0..T-1 unless
+    given (packed rows restart them per example)."""
     T, K = x_BTHK.shape[1], x_BTHK.shape[3]
     inv_freq_K2 = 1.0 / (theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
-    angles_TK = jnp.concatenate([jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_K2[None]] * 2, axis=-1)
-    cos, sin = jnp.cos(angles_TK)[None, :, None], jnp.sin(angles_TK)[None, :, None]
+    pos_BT = jnp.arange(T, dtype=jnp.float32)[None] if positions_BT is None else positions_BT.astype(jnp.float32)
+    angles_BTK = jnp.concatenate([pos_BT[..., None] * inv_freq_K2] * 2, axis=-1)
+    cos, sin = jnp.cos(angles_BTK)[:, :, None], jnp.sin(angles_BTK)[:, :, None]
     x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x_BTHK * cos + rotated * sin).astype(x_BTHK.dtype)
 
 
-def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
-    """Causal grouped-query attention scaled by head_dim ** -0.5 (G = H: multi-head; G = 1:
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
+                     mask_BTS: jax.Array | None = None) -> jax.Array:
+    """Grouped-query attention scaled by head_dim ** -0.5 (G = H: multi-head; G = 1:
     multi-query), softmax in fp32: [B, T, H, K]. Head h reads key/value head h // (H / G), as
-    HF's repeat_kv."""
+    HF's repeat_kv. Causal, or as `mask_BTS` says (protocol.attention_mask: [B or 1, T, T])."""
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
     q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
     scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(K))
-    causal_TT = jnp.tril(jnp.ones((T, T), bool))
-    scores = jnp.where(causal_TT, scores, jnp.finfo(jnp.float32).min)
+    mask = jnp.tril(jnp.ones((T, T), bool)) if mask_BTS is None else mask_BTS[:, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
     return jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK).reshape(B, T, H, K)
 
@@ -75,12 +78,16 @@ class Attention(nnx.Module):
         self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
         self.o_proj = _dense(n_heads * head_dim, d_model, policy, rngs)
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, structure: dict | None = None) -> jax.Array:
+        """`structure`: the batch's positions, segment ids or prefix (protocol.stream), if any."""
         B, T, _ = x_BTD.shape
-        q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta)
-        k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta)
+        structure = structure or {}
+        pos_BT = structure.get("positions")
+        q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta, pos_BT)
+        k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta, pos_BT)
         v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK).reshape(B, T, -1))
+        mask = protocol.attention_mask(structure, T) if set(structure) - {"positions"} else None
+        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK, mask).reshape(B, T, -1))
 
 
 class MLP(nnx.Module):
@@ -105,9 +112,10 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = _norm(d_model, eps, policy, rngs)
         self.mlp = MLP(d_model, d_ff, policy, rngs)
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD))
-        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+    def __call__(self, x):
+        x_BTD, structure = protocol.unstream(x)
+        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), structure)
+        return protocol.stream(x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), structure)
 
 
 class Llama(nnx.Module):
@@ -128,16 +136,17 @@ class Llama(nnx.Module):
         self.norm = _norm(d_model, norm_eps, policy, rngs)
         self.lm_head = None if tie_embeddings else _dense(d_model, vocab_size, policy, rngs)
 
-    def enter(self, batch_BS: jax.Array) -> jax.Array:
-        return self.embed_tokens(protocol.inputs(batch_BS))
+    def enter(self, batch):
+        fields = protocol.text(batch)
+        return protocol.stream(self.embed_tokens(fields.inputs), fields.structure())
 
     def head(self, x_BTD: jax.Array) -> jax.Array:
         x_BTD = self.norm(x_BTD)
         logits_BTV = self.embed_tokens.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
         return logits_BTV.astype(jnp.float32)
 
-    def exit(self, x_BTD: jax.Array, batch_BS: jax.Array) -> jax.Array:
-        return protocol.cross_entropy(self.head(x_BTD), protocol.targets(batch_BS))
+    def exit(self, x, batch):
+        return protocol.text_loss(self.head(protocol.unstream(x)[0]), protocol.text(batch))
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""

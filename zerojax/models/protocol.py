@@ -10,7 +10,11 @@ A model is a Flax NNX module with
                                      # or (mean loss, weight) for a loss whose rows weigh differently
 
 and each block is called `block(x) -> x`, x a pytree of arrays (each with the batch as its leading
-dim) that keeps its shapes and dtypes. `enter`, `between` and `exit` may read any parameter that
+dim) that keeps its shapes and dtypes (integer leaves, such as positions, pass through as they
+are). `batch` is a pytree of arrays too, the batch axis first on every leaf: every leaf is
+sharded over (replica, data) and split into microbatches the same way. A language model's
+batch contract (a bare token array, or `tokens` with a loss mask, packing and prefix fields) is
+at the end of this module. `enter`, `between` and `exit` may read any parameter that
 is not in a stack; none of them may read a stack. Every parameter is an `nnx.Param`.
 
 Losses and weights. Every call of `exit` (one per device and microbatch under the explicit
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -167,13 +171,97 @@ def check_factory(factory: Callable, where: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers for language models, whose batch is int32 tokens [B, T+1]: inputs and their successors.
+# Language models: the batch contract, the activations their layers pass on, and the loss.
+#
+# A language model's batch is either a bare int32 token array [B, T+1] (inputs and their
+# successors) or a dict of named fields, every one with the batch axis first:
+#
+#     tokens       int32 [B, T+1]   required: inputs tokens[:, :-1], targets tokens[:, 1:]
+#     loss_mask    bool  [B, T]     target t counts in the loss (absent: every target counts);
+#                                   the loss is then the mean over the unmasked targets of the
+#                                   whole global batch (exit returns (masked mean, count))
+#     segment_ids  int32 [B, T]     packed rows: input t attends only to inputs of its own segment
+#     positions    int32 [B, T]     each input's position (absent: 0..T-1); restart per segment
+#     prefix       bool  [B, T]     prefix-LM: inputs of the prefix attend to each other both
+#                                   ways, the rest causally (PaliGemma's token_type_ids == 0)
+#
+# and whatever else a model reads (a vision model's pixel_values). Fields a model does not know
+# are ignored. The activations a decoder layer passes on are the hidden states [B, T, D], or,
+# when the batch has segment_ids, positions or prefix, a dict of them and those fields
+# (`stream`): a block keeps them as they are and reads them through `unstream`.
+
+STRUCTURE = ("segment_ids", "positions", "prefix")  # the fields a layer's attention reads
+
+
+class Text(NamedTuple):
+    """A language-model batch's fields (None where the batch has none)."""
+
+    inputs: jax.Array  # [B, T]
+    targets: jax.Array  # [B, T]
+    loss_mask: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+    positions: jax.Array | None = None
+    prefix: jax.Array | None = None
+
+    def structure(self) -> dict:
+        return {k: getattr(self, k) for k in STRUCTURE if getattr(self, k) is not None}
+
+
+def text(batch) -> Text:
+    """The fields of a language-model batch (a bare token array, or a dict with `tokens`)."""
+    if not isinstance(batch, dict):
+        return Text(batch[:, :-1], batch[:, 1:])
+    tokens = batch["tokens"]
+    return Text(tokens[:, :-1], tokens[:, 1:], *(batch.get(k) for k in ("loss_mask", *STRUCTURE)))
+
+
+def stream(h_BTD: jax.Array, structure: dict):
+    """What a decoder's first layer receives: the hidden states, with the batch's structure
+    fields when it has any."""
+    return {**structure, "h": h_BTD} if structure else h_BTD
+
+
+def unstream(x) -> tuple[jax.Array, dict]:
+    """(hidden states, structure fields) of a layer's input."""
+    if isinstance(x, dict):
+        return x["h"], {k: v for k, v in x.items() if k != "h"}
+    return x, {}
+
+
+def attention_mask(structure: dict, T: int) -> jax.Array:
+    """Which inputs each input attends to: bool [B or 1, T (query), T (key)]. Causal, and
+    bidirectional inside the prefix, and never across segments."""
+    t = jnp.arange(T)
+    mask = (t[:, None] >= t[None, :])[None]
+    if "prefix" in structure:
+        p_BT = structure["prefix"].astype(bool)
+        mask = mask | (p_BT[:, :, None] & p_BT[:, None, :])
+    if "segment_ids" in structure:
+        s_BT = structure["segment_ids"]
+        mask = mask & (s_BT[:, :, None] == s_BT[:, None, :])
+    return mask
+
+
+def token_nll(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Next-token negative log-likelihood [B, T] in nats, computed in fp32."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     """Mean next-token loss in nats per token."""
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1).mean()
+    return token_nll(logits_BTV, targets_BT).mean()
+
+
+def text_loss(logits_BTV: jax.Array, fields: Text):
+    """`exit`'s loss for a language model: the mean over every target, or, with a loss mask,
+    (the mean over the unmasked targets, their number): the step's loss is then the mean over
+    the global batch's unmasked targets on any mesh and any train.grad_accum."""
+    if fields.loss_mask is None:
+        return cross_entropy(logits_BTV, fields.targets)
+    keep_BT = fields.loss_mask.astype(jnp.float32)
+    count = keep_BT.sum()
+    return (token_nll(logits_BTV, fields.targets) * keep_BT).sum() / jnp.maximum(count, 1.0), count
 
 
 def inputs(batch_BS: jax.Array) -> jax.Array:

@@ -198,7 +198,8 @@ def make_mesh(cfg: MeshConfig) -> Mesh:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Rows of a [B, T] batch split over every device of the mesh."""
+    """Rows of a batch split over every device of the mesh: the leading (batch) axis of every
+    leaf of the batch pytree, whatever its rank."""
     return NamedSharding(mesh, P(BATCH_AXES))
 
 

@@ -37,11 +37,15 @@ def combine(a: dict, b: dict) -> dict:
     return out
 
 
-def microbatches(batch_BS: jax.Array, k: int) -> jax.Array:
-    """[k, B/k, S]: microbatch j takes rows j, j+k, j+2k, ...; each device's contiguous block of
-    rows splits evenly into the k microbatches, so no row moves between devices."""
-    B, S = batch_BS.shape
-    return batch_BS.reshape(B // k, k, S).swapaxes(0, 1)
+def microbatches(batch, k: int):
+    """Every leaf [B, ...] as [k, B/k, ...]: microbatch j takes rows j, j+k, j+2k, ...; each
+    device's contiguous block of rows splits evenly into the k microbatches, so no row moves
+    between devices. The batch is any pytree of arrays with the batch axis first."""
+
+    def split(x):
+        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
 
 
 def named(mesh: Mesh, specs):

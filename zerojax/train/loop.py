@@ -42,23 +42,28 @@ class Setup:
 
     cfg: Config
     engine: step_lib.Engine
-    corpus: data_lib.Corpus
+    source: data_lib.Source
     resume_step: int = 0  # the checkpoint this run continues from (0: a fresh start)
 
     @property
     def mesh(self):
         return self.engine.mesh
 
+    @property
+    def corpus(self) -> data_lib.Corpus | None:
+        """The token corpus behind the source, if it is one (the end-of-run sample's prompt)."""
+        return getattr(self.source, "corpus", None)
+
 
 def prepare(cfg: Config) -> Setup:
     check_run_dir(cfg)
     step = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
-    corpus = data_lib.load_corpus(cfg.data.source, cfg.data.val_fraction, cfg.model.seq_len, cfg.data.tokenizer)
-    if corpus.vocab_size > cfg.model.vocab_size:
+    source = data_lib.open_source(cfg)
+    if source.vocab_size > cfg.model.vocab_size:
         where = f"data.tokenizer={cfg.data.tokenizer!r}" if cfg.data.tokenizer else f"data.source={cfg.data.source!r}"
         raise ConfigError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus needs "
-            f"({corpus.vocab_size} from {where}); set model.vocab_size>={corpus.vocab_size}"
+            f"({source.vocab_size} from {where}); set model.vocab_size>={source.vocab_size}"
         )
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
@@ -73,7 +78,7 @@ def prepare(cfg: Config) -> Setup:
     if start:  # checked now, not when the run gets there: its model and trained leaves, its metrics
         checkpoint.check_matches(cfg.run_dir, start, step.plan)
         kept_metrics(cfg.run_dir / "metrics.jsonl", start)
-    return Setup(cfg, step, corpus, start)
+    return Setup(cfg, step, source, start)
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "sample.txt")  # what the run writes, besides checkpoints/
@@ -133,18 +138,20 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     return state_lib.init_state(step, loaded=loaded)
 
 
-def global_batch(setup: Setup, tokens: np.ndarray, stream: int, step: int) -> jax.Array:
-    """The global batch for `step`, built from the rows this process owns."""
-    cfg, sharding = setup.cfg, mesh_lib.batch_sharding(setup.engine.mesh)
-    rows = data_lib.process_rows(sharding, cfg.train.global_batch)
-    local = data_lib.batch_rows(tokens, cfg.model.seq_len, cfg.train.seed, stream, step,
-                                cfg.train.global_batch, rows)
-    return jax.make_array_from_process_local_data(
-        sharding, local, (cfg.train.global_batch, cfg.model.seq_len + 1))
+def global_batch(setup: Setup, split: int, step: int):
+    """The global batch of `split` (data.TRAIN or data.EVAL) for `step`, a pytree of arrays
+    sharded over the batch axis, built from the rows this process owns."""
+    sharding = mesh_lib.batch_sharding(setup.engine.mesh)
+    spec = setup.source.spec()
+    is_field = lambda x: isinstance(x, data_lib.Field)
+    rows = data_lib.process_rows(sharding, jax.tree.leaves(spec, is_leaf=is_field)[0].shape[0])
+    local = setup.source.rows(split, step, rows)
+    return jax.tree.map(lambda field, x: jax.make_array_from_process_local_data(sharding, x, field.shape),
+                        spec, local, is_leaf=is_field)
 
 
 def evaluate(setup: Setup, eval_step, params) -> float:
-    losses = [eval_step(params, global_batch(setup, setup.corpus.val, data_lib.EVAL, i))
+    losses = [eval_step(params, global_batch(setup, data_lib.EVAL, i))
               for i in range(setup.cfg.train.eval_batches)]
     return float(np.mean([float(x) for x in losses]))
 
@@ -177,7 +184,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
     abstract = state_lib.init_state(engine, abstract=True)
     ckpt = checkpoint.manager(out, cfg.train.keep) if cfg.train.ckpt_every or start else None
     state = start_state(setup, ckpt, abstract, state_lib.state_shardings(engine, abstract))
-    first = global_batch(setup, setup.corpus.train, data_lib.TRAIN, start)
+    first = global_batch(setup, data_lib.TRAIN, start)
     train_step = step_lib.make_train_step(engine, abstract).lower(state, first).compile()  # compile before timing
     eval_step = step_lib.make_eval_step(engine)
 
@@ -191,7 +198,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
             Progress(cfg.train.steps, show_progress and lead, start) as bar, StopSignals() as signals:
         tick, since, pending = time.perf_counter(), 0, None
         for i in range(start, cfg.train.steps):
-            batch = first if i == start else global_batch(setup, setup.corpus.train, data_lib.TRAIN, i)
+            batch = first if i == start else global_batch(setup, data_lib.TRAIN, i)
             state, metrics = train_step(state, batch)
             since += 1
             if pending is not None and int(pending) >= cfg.precision.max_skipped_steps:
@@ -232,7 +239,7 @@ def write_sample(setup: Setup, state, lead: bool) -> str:
     written to sample.txt by process 0."""
     cfg, engine = setup.cfg, setup.engine
     sample = ""
-    if engine.units.has_logits:
+    if engine.units.has_logits and setup.corpus is not None:
         sample = sample_text(engine.view, engine.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
     if lead:
         (cfg.run_dir / "sample.txt").write_text(sample)

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from zerojax.schedules import gspmd
 from zerojax.optim import offload as offload_lib
 from zerojax.parallel import mesh as mesh_lib
+from zerojax import data as data_lib
 from zerojax.config import Config, LoraConfig, ModelConfig
 from zerojax.errors import ConfigError
 from zerojax.models import Units
@@ -154,6 +155,13 @@ def make_eval_step(engine: Engine):
     return jax.jit(lambda params, batch_BS: loss(params, batch_BS)[0])
 
 
-def batch_shape(cfg: Config) -> jax.ShapeDtypeStruct:
-    """The global batch the data pipeline yields: int32 tokens [B, T+1]."""
-    return jax.ShapeDtypeStruct((cfg.train.global_batch, cfg.model.seq_len + 1), jnp.int32)
+def batch_shape(cfg: Config, rows: int | None = None, sharding=None):
+    """The global batch the config's data source yields, as a pytree of ShapeDtypeStruct (a
+    token corpus: int32 tokens [B, T+1]), from the config alone; `rows` in place of B, and
+    `sharding` on every leaf, when given."""
+
+    def struct(f):
+        shape = f.shape if rows is None else (rows, *f.shape[1:])
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(f.dtype), sharding=sharding)
+
+    return jax.tree.map(struct, data_lib.batch_spec(cfg), is_leaf=lambda x: isinstance(x, data_lib.Field))

@@ -1,4 +1,4 @@
-"""Corpora and deterministic, step-indexed batches.
+"""Token corpora and their deterministic, step-indexed rows.
 
 Sources: `stdlib` (the Python standard library's own `.py` files, read in sorted order, as
 bytes: present on every machine, nothing to download), a `.txt` file (bytes), or a nanoGPT-style
@@ -182,11 +182,3 @@ def batch_rows(tokens: np.ndarray, seq_len: int, seed: int, stream: int, step: i
     """Rows `rows` of the global batch for `step`: int32 [rows, seq_len + 1] (inputs + next)."""
     starts = row_starts(len(tokens), seq_len, seed, stream, step, global_batch)[rows]
     return np.stack([np.asarray(tokens[s : s + seq_len + 1], np.int32) for s in starts])
-
-
-def process_rows(sharding, global_batch: int) -> slice:
-    """The contiguous block of batch rows that this process's devices hold under `sharding`."""
-    index_map = sharding.addressable_devices_indices_map((global_batch,))
-    starts = sorted({idx[0].indices(global_batch)[0] for idx in index_map.values()})
-    stops = sorted({idx[0].indices(global_batch)[1] for idx in index_map.values()})
-    return slice(starts[0], stops[-1])

@@ -1,0 +1,135 @@
+"""The source protocol: what a run reads, as a batch spec and step-indexed rows.
+
+A source (one per `data.source` kind, `KINDS`) is opened from the config and has
+
+    vocab_size: int                          # token ids it can hold (checked against the model's)
+    spec() -> pytree of Field                # the global batch: shapes [B, ...] and dtypes
+    rows(split, step, rows: slice) -> pytree of numpy arrays   # rows `rows` of that batch
+
+`rows` is a pure function of (seed, split, step): the same batch on any mesh and any number of
+processes, each process building only the rows its devices hold (`process_rows`). Every leaf
+has the batch axis first and is sharded over (replica, data); the schedules split every leaf
+into microbatches the same way. Which fields a batch holds is the batch contract of
+`zerojax.models.protocol`: a bare int32 [B, T+1] token array, or a dict of named fields.
+
+`batch_spec(cfg)` gives the spec from the config alone (no file is read), so that a step can
+be compiled (`zerojax analyze`) for data that is not on this machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from zerojax.config.sections import is_factory
+from zerojax.data import corpus as corpus_lib
+from zerojax.errors import ConfigError
+
+
+class Field(NamedTuple):
+    """One leaf of a batch spec: the global shape, batch axis first, and a numpy dtype name."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class Source(Protocol):
+    vocab_size: int
+
+    def spec(self) -> Any: ...
+
+    def rows(self, split: int, step: int, rows: slice) -> Any: ...
+
+
+# data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
+KINDS = {"tokens": "zerojax.data.sources"}
+
+
+def kind_of(cfg) -> str:
+    """The kind of source a config reads: `custom` (data.source=module:factory) or a token corpus."""
+    return "custom" if is_factory(cfg.data.source) else "tokens"
+
+
+def batch_spec(cfg):
+    """The global batch the config's source yields (a pytree of Field), from the config alone
+    (a source of the user's own is opened to ask it)."""
+    kind = kind_of(cfg)
+    if kind == "custom":
+        return open_source(cfg).spec()
+    return importlib.import_module(KINDS[kind]).spec(cfg)
+
+
+def open_source(cfg) -> Source:
+    """The config's source, opened (bad input surfaces here, as ConfigError)."""
+    kind = kind_of(cfg)
+    if kind == "custom":
+        return custom_source(cfg)
+    return importlib.import_module(KINDS[kind]).open(cfg)
+
+
+def custom_source(cfg) -> Source:
+    """data.source=module:factory: `factory(cfg=cfg)` returns the source (bad input if it cannot
+    be imported or does not follow the protocol; a bug inside it shows its traceback)."""
+    module_name, _, attr = cfg.data.source.partition(":")
+    where = f"data.source={cfg.data.source}"
+    if "" not in sys.path:  # the current directory, as `python -m` has it
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
+        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
+    source = factory(cfg=cfg)
+    missing = [name for name in ("vocab_size", "spec", "rows") if not hasattr(source, name)]
+    if missing:
+        raise ConfigError(f"{where}: the factory returned a {type(source).__name__} without "
+                          f"{', '.join(missing)} (a source has vocab_size, spec() and rows(split, step, rows))")
+    return source
+
+
+def process_rows(sharding, global_batch: int) -> slice:
+    """The contiguous block of batch rows that this process's devices hold under `sharding`."""
+    index_map = sharding.addressable_devices_indices_map((global_batch,))
+    starts = sorted({idx[0].indices(global_batch)[0] for idx in index_map.values()})
+    stops = sorted({idx[0].indices(global_batch)[1] for idx in index_map.values()})
+    return slice(starts[0], stops[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The token corpus: a bare int32 [B, T+1] batch (inputs and their successors).
+
+
+def spec(cfg) -> Field:
+    return Field((cfg.train.global_batch, cfg.model.seq_len + 1), "int32")
+
+
+def open(cfg) -> "TokenSource":  # noqa: A001 - the kind module's protocol name
+    d = cfg.data
+    corpus = corpus_lib.load_corpus(d.source, d.val_fraction, cfg.model.seq_len, d.tokenizer)
+    return TokenSource(corpus, cfg.model.seq_len, cfg.train.seed, cfg.train.global_batch)
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    corpus: corpus_lib.Corpus
+    seq_len: int
+    seed: int
+    global_batch: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.corpus.vocab_size
+
+    def spec(self) -> Field:
+        return Field((self.global_batch, self.seq_len + 1), "int32")
+
+    def rows(self, split: int, step: int, rows: slice) -> np.ndarray:
+        tokens = self.corpus.val if split == corpus_lib.EVAL else self.corpus.train
+        return corpus_lib.batch_rows(tokens, self.seq_len, self.seed, split, step, self.global_batch, rows)
