@@ -34,7 +34,7 @@ def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     start = time.monotonic()
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh"), "--dry-run"], cwd=ROOT,
-                          env=clean_env(OUT=str(out)), capture_output=True, text=True, timeout=600)
+                          env=clean_env(OUT=str(out)), capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "bench_gpu.json").read_text()), proc.stdout, seconds
