@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 from conftest import SMALL, TINY
 from zerojax import cli, config
-from zerojax.analysis import devices, hlo, plan
+from zerojax.analysis import hlo, plan
+from zerojax.config import devices
 from zerojax.errors import ConfigError
 
 H100 = devices.DEVICES["h100"]

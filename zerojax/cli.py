@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 from zerojax import config, data, formats, report
-from zerojax.analysis import devices as devices_lib
+from zerojax.config import devices as devices_lib
 from zerojax.analysis import formulas
 from zerojax.config import rules
 from zerojax.errors import ConfigError, DistributedError, TrainingError

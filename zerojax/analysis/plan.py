@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import jax
 from zerojax.config import rules
 from zerojax.analysis import hlo, measure
-from zerojax.analysis.devices import GB, Device, step_seconds
+from zerojax.config.devices import GB, Device, step_seconds
 from zerojax.analysis.formulas import comm_theory_bytes, host_state_bytes, model_state_bytes, peak_bytes
 
 REMAT_SAVING = {"none": 0, "dots": 1, "full": 2}  # higher keeps less for the backward

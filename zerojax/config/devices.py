@@ -1,5 +1,7 @@
-"""The device kinds `zerojax plan` estimates step times for, what JAX may use of a card, and
-sizes such as 24GB. Pure arithmetic: this module imports no jax.
+"""The device kinds `zerojax plan` estimates step times for and the train loop's MFU divides by,
+what JAX may use of a card, and sizes such as 24GB. Pure arithmetic: this module imports no
+jax. It sits in `config`, below `train` and `analysis`, because both read it (and the CLI's
+`--device` choices are its names, as the other choices are `rules`').
 
 Each kind's figures, per device (one GPU, one TPU chip), from the vendors' datasheets:
     peak_flops   dense bf16 tensor FLOP/s (no sparsity)
@@ -77,6 +79,17 @@ def device(name: str) -> Device:
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
 _UNITS = {"g": GB, "gb": GB, "gib": GIB, "m": 1e6, "mb": 1e6, "mib": 2**20, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+_KINDS = (("h200", "H200"), ("h100", "H100"), ("a100-80", "A100-SXM4-80GB"), ("a100-80", "A100 80GB"),
+          ("a100-40", "A100"), ("l40s", "L40S"), ("4090", "RTX 4090"), ("tpu-v5e", "TPU v5 lite"),
+          ("tpu-v5e", "TPU v5e"), ("tpu-v5p", "TPU v5p"), ("tpu-v5p", "TPU v5"))
+
+
+def from_device_kind(kind: str) -> Device | None:
+    """The table's entry for a jax `device.device_kind` ("NVIDIA H100 80GB HBM3", "TPU v5 lite"),
+    None for a kind it does not hold (the CPU, other cards): then no MFU is logged."""
+    return next((DEVICES[name] for name, text in _KINDS if text.lower() in kind.lower()), None)
 
 
 def parse_size(text: str, what: str = "--device-memory", zero: bool = False) -> float:
