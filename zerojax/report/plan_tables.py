@@ -58,7 +58,6 @@ def _nothing_fits(doc: dict):
     if why.get("devices"):
         yield Text(f"about {why['devices']} x {doc['device']} would fit it (its sharded model states scaled, "
                    f"formula); check with zerojax plan --devices {why['devices']}")
-    if why.get("lora"):
-        lora = why["lora"]
-        verdict = "fits" if lora["fits"] else "does not fit either"
-        yield Text(f"optim.lora.rank={lora['rank']} {verdict}: compiled peak {human_bytes(lora['peak_bytes'])}")
+    elif least is not None:
+        yield Text("more devices would not fit it: what stays is not sharded model state (activations, "
+                   "the step's temporaries); shorten model.seq_len or the microbatch")
