@@ -21,9 +21,13 @@ import sys
 import time
 from pathlib import Path
 from zerojax import config, data, formats, report
+from zerojax.config import devices as devices_lib
 from zerojax.analysis import formulas
 from zerojax.config import rules
 from zerojax.errors import ConfigError, DistributedError, TrainingError
+
+
+DEVICE_KINDS = tuple(devices_lib.DEVICES)
 
 
 class UsageError(Exception):
@@ -41,6 +45,8 @@ def build_parser() -> Parser:
     _train_arguments(sub.add_parser("train", help="train a model (default: the tiny GPT on the stdlib corpus)"))
     _memory_arguments(sub.add_parser("memory", help="the ZeRO memory calculator: model-state bytes per device"))
     _analyze_arguments(sub.add_parser("analyze", help="compile each stage's train step; measured bytes vs the formulas"))
+    _plan_arguments(sub.add_parser("plan", help="choose stage, offload, remat, accumulation, gather dtype and "
+                                                "prefetch for N devices of M GB, from compiled steps"))
     _export_arguments(sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
                                                     "Hugging Face directory"))
     _tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)"))
@@ -87,6 +93,21 @@ def _analyze_arguments(analyze: Parser) -> None:
                          "of the model whose compiled peak fits this many GB per device")
     analyze.add_argument("--xla-preset", choices=rules.XLA_PRESETS, help="XLA flags that overlap collectives with compute")
     analyze.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _plan_arguments(plan: Parser) -> None:
+    plan.add_argument("--config", help="YAML config file (see configs/)")
+    plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (kept fixed by the search)")
+    plan.add_argument("--devices", type=positive_int, required=True, metavar="N", help="devices in the run")
+    plan.add_argument("--device", default="h100", metavar="KIND",
+                      help=f"the device kind the step time is estimated for: {', '.join(DEVICE_KINDS)} (default h100)")
+    plan.add_argument("--device-memory", metavar="SIZE", help="memory per device, e.g. 24GB, 24GiB (default: the kind's)")
+    plan.add_argument("--hosts", type=positive_int, default=1, metavar="H",
+                      help="hosts the devices are spread over: collectives then cross the network")
+    plan.add_argument("--margin", default="1GB", metavar="SIZE",
+                      help="kept free of the budget for what the compiled train step does not count: the batches "
+                           "in flight, the eval step, the allocator's fragmentation (default 1GB)")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _export_arguments(export: Parser) -> None:
@@ -244,6 +265,24 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    dev = devices_lib.device(args.device)
+    memory = devices_lib.parse_size(args.device_memory) if args.device_memory else dev.memory_bytes
+    margin = devices_lib.parse_size(args.margin, "--margin", zero=True)
+    if args.devices % args.hosts:
+        raise UsageError(f"--devices {args.devices} must be divisible by --hosts {args.hosts}")
+    cfg = config.load(args.config, args.overrides)  # bad input surfaces here, before compiling
+    from zerojax.analysis import plan  # jax: the steps are compiled
+
+    plan.simulate_on_cpu()
+    target = plan.Target(dev, args.devices, devices_lib.budget_bytes(memory, margin), args.hosts)
+    start = time.perf_counter()
+    doc = plan.search(cfg, target, log=lambda message: print(f"zerojax: {message}", file=sys.stderr))
+    doc["search_s"] = round(time.perf_counter() - start, 1)
+    report.emit(doc, args.json, report.plan_tables)
+    return 0 if doc["winner"] else 2
+
+
 def cmd_export(args) -> int:
     from zerojax.train import export as export_lib
 
@@ -298,7 +337,8 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory, "analyze": cmd_analyze, "export": cmd_export,
+COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory, "analyze": cmd_analyze, "plan": cmd_plan,
+            "export": cmd_export,
             "formats": cmd_formats, "report": cmd_report}
 
 

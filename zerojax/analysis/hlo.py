@@ -1,5 +1,6 @@
-"""Reading the optimized HLO text of a compiled step: the bytes each collective sends (loops
-multiplied by their trip counts) and the memory space of each argument and result."""
+"""Reading the optimized HLO text of a compiled step: the bytes each collective sends and the
+FLOPs of its dots (loops multiplied by their trip counts), and the memory space of each
+argument and result."""
 
 from __future__ import annotations
 
@@ -92,18 +93,42 @@ class Hlo:
     ops: dict = field(default_factory=dict)  # computation -> [(kind, bytes sent, dtype)]
     calls: dict = field(default_factory=dict)  # computation -> [(callee, times, is_loop_body)]
     loop_results: list = field(default_factory=list)  # result shape text of every while loop
+    dot_flops: dict = field(default_factory=dict)  # computation -> FLOPs of its dot instructions
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|\w+\[[\d,]*\])")
+_DOT = re.compile(r"=\s*(\w+\[[\d,]*\])(?:\{[^}]*\})?\s+dot\(%?([\w.\-]+),.*?lhs_contracting_dims=\{([\d,]*)\}")
+
+
+def _dims(shape: str) -> list[int]:
+    return [int(d) for d in shape[shape.index("[") + 1 : -1].split(",") if d]
+
+
+def _dot_flops(line: str, shapes: dict) -> float:
+    """2 x the result's elements x the contracted elements (a multiply and an add each); the
+    CPU backend prints operands by name, so the left operand's shape comes from `shapes`."""
+    m = _DOT.search(line)
+    if not m or m.group(2) not in shapes:
+        return 0.0
+    lhs = _dims(shapes[m.group(2)])
+    contracted = math.prod(lhs[int(d)] for d in m.group(3).split(",") if d)
+    return 2.0 * math.prod(_dims(m.group(1))) * contracted
 
 
 def parse_hlo(hlo: str, n_devices: int) -> Hlo:
-    out, current = Hlo(), None
+    out, current, shapes = Hlo(), None, {}
     for line in hlo.splitlines():
         if not line.startswith(" ") and (m := _COMPUTATION.match(line.strip())):
-            current = m.group(1)
-            out.ops[current], out.calls[current] = [], []
+            current, shapes = m.group(1), {}
+            out.ops[current], out.calls[current], out.dot_flops[current] = [], [], 0.0
             out.entry = current if line.startswith("ENTRY") else out.entry
             continue
         if current is None:
             continue
+        if m := _INSTRUCTION.match(line):
+            shapes[m.group(1)] = m.group(2)
+        if " dot(" in line:
+            out.dot_flops[current] += _dot_flops(line, shapes)
         if m := _OP.search(line):
             nbytes, dtype = _shape_bytes(m.group(1))
             if m.group(3) and m.group(2) != "reduce-scatter":  # async start: (operand, result)
@@ -125,6 +150,17 @@ def _walk(hlo: Hlo, name: str, times: int, visit, inside_loop: bool = False):
         visit(kind, sent, dtype, times, inside_loop)
     for callee, trip, body in hlo.calls.get(name, []):
         _walk(hlo, callee, times * trip, visit, inside_loop or body)
+
+
+def dot_flops(hlo_text: str) -> float:
+    """Per-device FLOPs of the module's dots in one run, loops multiplied by their known trip
+    counts (XLA's own cost_analysis counts a while body once: a scan over 32 layers as one)."""
+    hlo = parse_hlo(hlo_text, 1)
+
+    def total(name: str) -> float:
+        return hlo.dot_flops.get(name, 0.0) + sum(trip * total(callee) for callee, trip, _ in hlo.calls.get(name, []))
+
+    return total(hlo.entry)
 
 
 def collective_bytes(hlo_text: str, n_devices: int) -> dict:

@@ -6,6 +6,7 @@ rules between keys. Importing it imports no jax.
     load.py       defaults <- YAML <- KEY=VALUE, with suggestions for unknown keys
     values.py     parsing a YAML or command-line value to a field's type
     hf_config.py  a Hugging Face config.json as model keys, through the family's layout
+    devices.py    device kinds (peak FLOP/s, memory, bandwidths) for `zerojax plan` and MFU; sizes
 """
 
 from zerojax.config.hf_config import hf_model_keys, read_json_object  # noqa: F401

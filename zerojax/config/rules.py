@@ -81,6 +81,21 @@ def _byte_vocab(cfg) -> None:
                           f"data.source={data.source}; it needs model.vocab_size >= 256")
 
 
+def profile_range(text: str, steps: int) -> tuple[int, int] | None:
+    """train.profile=START:STOP: the steps START+1..STOP are traced (0 <= START < STOP <= steps)."""
+    if not text:
+        return None
+    start, sep, stop = text.partition(":")
+    try:
+        bounds = (int(start), int(stop)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 0 <= bounds[0] < bounds[1] <= steps:
+        raise ConfigError(f"train.profile={text!r} is not a range of the run's steps; give START:STOP with "
+                          f"0 <= START < STOP <= train.steps={steps}, e.g. train.profile=10:15")
+    return bounds
+
+
 # ---------------------------------------------------------------------------------------------
 # The checks a section applies to one value.
 

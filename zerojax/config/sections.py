@@ -223,6 +223,9 @@ class TrainConfig:
     keep: int = 3  # checkpoints kept
     resume: str = "auto"  # auto: continue from the newest checkpoint | never
     report: bool = True  # write report.html (curves, format explorer, memory calculator) into the run directory at the end
+    tensorboard: bool = True  # write TensorBoard event files of the logged metrics into the run directory
+    wandb: str = ""  # a W&B project to log the metrics to (pip install 'zerojax[wandb]'); empty = off
+    profile: str = ""  # START:STOP: a jax.profiler trace of steps START+1..STOP into <run dir>/plugins/profile; empty = off
 
     def __post_init__(self):
         _at_least("train.steps", self.steps, 1)
@@ -233,6 +236,7 @@ class TrainConfig:
         _at_least("train.eval_batches", self.eval_batches, 1)
         _at_least("train.keep", self.keep, 1)
         _choice("train.resume", self.resume, RESUMES)
+        rules.profile_range(self.profile, self.steps)
         if self.global_batch % self.grad_accum:
             raise ConfigError(
                 f"train.global_batch={self.global_batch} must be divisible by "

@@ -28,6 +28,7 @@ from zerojax.interop import hf
 from zerojax.interop import peft
 from zerojax.parallel import trees
 from zerojax.train import checkpoint
+from zerojax.train import sinks as sinks_lib
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
 from zerojax.errors import TrainingError
@@ -57,6 +58,7 @@ class Setup:
 
 def prepare(cfg: Config) -> Setup:
     check_run_dir(cfg)
+    sinks_lib.check(cfg)
     step = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
     source = data_lib.open_source(cfg)
     if source.vocab_size > cfg.model.vocab_size:
@@ -194,12 +196,15 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
         config_lib.dump(cfg, out / "config.yaml")
     history, saved_at, stopped = [], start, None
     tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
-    with open_metrics(out / "metrics.jsonl", start, lead) as log, \
+    mfu, profile = sinks_lib.mfu_of(cfg, engine.mesh), sinks_lib.Profile(cfg)
+    with open_metrics(out / "metrics.jsonl", start, lead) as log, sinks_lib.open_sinks(cfg, start, lead) as sinks, \
             Progress(cfg.train.steps, show_progress and lead, start) as bar, StopSignals() as signals:
         tick, since, pending = time.perf_counter(), 0, None
         for i in range(start, cfg.train.steps):
             batch = first if i == start else global_batch(setup, data_lib.TRAIN, i)
+            profile.before(i)
             state, metrics = train_step(state, batch)
+            profile.after(i + 1, metrics)
             since += 1
             if pending is not None and int(pending) >= cfg.precision.max_skipped_steps:
                 raise TrainingError(
@@ -211,9 +216,11 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
             if do_eval or (cfg.train.log_every and step % cfg.train.log_every == 0):
                 metrics = jax.device_get(metrics)  # waits for this step: the time below includes it
                 line = metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
+                line.update(({"mfu": round(mfu(line["tokens_per_sec"]), 4)} if mfu else {}), **sinks_lib.memory_gb())
                 if do_eval:
                     line["eval_loss"] = evaluate(setup, eval_step, engine.forward_params(state))
                 write_line(log, line)
+                sinks.write(line)
                 history.append(line)
                 bar.update(step, line)
                 tick, since = time.perf_counter(), 0

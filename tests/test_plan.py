@@ -1,0 +1,113 @@
+"""`zerojax plan`: the device table and sizes, the roofline, the search space and its memory
+order, loop-aware dot FLOPs, and the search itself on the tiny GPT (budgets taken from the
+peaks it compiles: each smaller budget moves the winner down the ladder)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import SMALL, TINY
+from zerojax import cli, config
+from zerojax.analysis import hlo, plan
+from zerojax.config import devices
+from zerojax.errors import ConfigError
+
+H100 = devices.DEVICES["h100"]
+
+
+def test_sizes_and_the_budget(monkeypatch):
+    assert devices.parse_size("24GB") == 24e9
+    assert devices.parse_size("24GiB") == 24 * 2**30
+    assert devices.parse_size("512mb") == 512e6
+    assert devices.parse_size("0", "--margin", zero=True) == 0
+    for bad in ("24 apples", "", "0", "-3GB"):
+        with pytest.raises(ConfigError, match="is not a size"):
+            devices.parse_size(bad)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert devices.budget_bytes(80e9, 1e9) == 0.75 * 80e9 - 1e9
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert devices.budget_bytes(80e9, 0) == pytest.approx(72e9)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "lots")
+    with pytest.raises(ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        devices.budget_bytes(80e9, 0)
+
+
+def test_step_seconds_is_a_roofline():
+    flops, sent = H100.peak_flops, H100.link_bw / 2  # 1 s of dots, 0.5 s of collectives
+    overlapped = devices.step_seconds(H100, flops, sent, H100.hbm_bw, H100.host_bw, overlap=True)
+    assert overlapped["step_s"] == pytest.approx(1 + 1 + 1)  # max(dots, comm) + update + host
+    assert devices.step_seconds(H100, flops, sent, 0, 0, overlap=False)["step_s"] == pytest.approx(1.5)
+    across = devices.step_seconds(H100, 0, sent, 0, 0, overlap=False, hosts=2)
+    assert across["comm_s"] == pytest.approx(sent / H100.network_bw)
+
+
+def test_the_space_keeps_the_batch_and_the_rules():
+    cfg = config.load(overrides=TINY + SMALL)  # 32 rows on 8 devices
+    cands = plan.space(cfg, 8)
+    assert {c.grad_accum for c in cands} == {1, 2, 4}
+    assert not [c for c in cands if c.stage == 0 and c.gather == "int8"]
+    assert {c.prefetch for c in cands if c.stage < 3} == {cfg.zero.prefetch}
+    assert {c.prefetch for c in cands if c.stage == 3} == {cfg.zero.prefetch, 0}
+    for c in cands[:5]:  # a candidate is a valid config
+        config.load(overrides=TINY + SMALL + c.overrides())
+    gspmd = plan.space(config.load(overrides=TINY + SMALL + ["zero.schedule=gspmd"]), 8)
+    assert {c.offload for c in gspmd} == {"none"} and {c.gather for c in gspmd} == {"auto"}
+
+
+def test_the_memory_order():
+    base = plan.Candidate(2, "none", "none", 1, "auto", 1)
+    saves_more = plan.Candidate(3, "optimizer", "full", 4, "int8", 0)
+    assert base.needs_no_less_than(saves_more) and not saves_more.needs_no_less_than(base)
+    mixed = plan.Candidate(3, "none", "none", 1, "auto", 1)  # more sharding, less accumulation
+    assert not mixed.needs_no_less_than(plan.Candidate(2, "none", "none", 2, "auto", 1))
+
+
+def test_dot_flops_multiply_loop_bodies_by_their_trip_counts():
+    def f(x, ws):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0]
+
+    x, ws = jnp.ones((8, 16)), jnp.ones((5, 16, 16))
+    text = jax.jit(f).lower(x, ws).compile().as_text()
+    assert hlo.dot_flops(text) == 5 * 2 * 8 * 16 * 16
+
+
+def search(budget: float, max_compiles: int = plan.MAX_COMPILES) -> dict:
+    return plan.search(config.load(overrides=TINY + SMALL), plan.Target(H100, 8, budget), max_compiles=max_compiles)
+
+
+def test_smaller_budgets_move_the_plan_down_the_ladder(capsys):
+    roomy = search(1e9)
+    first = roomy["winner"]
+    assert first["fits"] and first["peak_bytes"] <= 1e9 and "zero.stage=3" not in first["overrides"]
+    assert set(first) >= {"overrides", "peak_bytes", "step_s", "tokens_per_sec", "mfu"}
+
+    tight = search(first["peak_bytes"] - 1, max_compiles=3)  # the roomy winner no longer fits (3: the test's time)
+    second = tight["winner"]
+    assert second["peak_bytes"] <= tight["budget_bytes"] and second["step_s"] >= first["step_s"]
+    assert "zero.stage=3" in second["overrides"]
+    for c in tight["candidates"]:  # no compiled candidate with a lower estimate fits
+        if c["compiled"] and c["step_s"] < second["step_s"]:
+            assert not c["fits"] and c["peak_bytes"] > tight["budget_bytes"] and c["why"]
+    assert not [c for c in tight["candidates"] if c["fits"] and c["step_s"] < second["step_s"]]
+
+    # Less than the most saving candidate's peak: nothing fits, exit 2, with what would.
+    rc = cli.main(["plan", "--devices", "8", "--device-memory", "0.0002GB", "--margin", "0", "--json",
+                   *TINY, *SMALL])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 2 and doc["winner"] is None and doc["budget_bytes"] == pytest.approx(0.75 * 0.0002e9)
+    why = doc["nothing_fits"]
+    assert why["smallest_peak_bytes"] > doc["budget_bytes"] and "zero.offload=optimizer+master" in why["overrides"]
+    assert doc["compiles"] == 1  # the floor did not fit: nothing else compiled
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "h900"], "--device 'h900' is not a known device kind; choose one of h100, h200"),
+    (["--device-memory", "lots"], "--device-memory 'lots' is not a size"),
+    (["--margin", "100GB"], "leaves nothing of the 80 GB device"),
+    (["--hosts", "3"], "--devices 8 must be divisible by --hosts 3"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    assert cli.main(["plan", "--devices", "8", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("zerojax: error:") and message in err[0]
