@@ -119,3 +119,13 @@ def test_a_bad_source_of_your_own_is_one_line_and_exit_2(source, message, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:") and message in err[0], err
     assert not any(tmp_path.iterdir())
+
+
+def test_analyze_compiles_a_packed_batch_and_estimates_its_transients():
+    # The structure fields travel with the activations as integer leaves: the compiled step and
+    # the per-block estimate (a vjp with x as its own cotangent) must take them.
+    cfg = config.load(overrides=PACKED + ["model.family=llama", "zero.stage=3"])
+    from zerojax.analysis import measure
+
+    stage = measure.analyze(cfg, (3,))["stages"]["3"]
+    assert stage["temp_bytes"] > 0 and stage["transient_estimate"]["activations"] > 0

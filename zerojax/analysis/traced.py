@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import jax
+import numpy as np
 import jax.numpy as jnp
 from zerojax.schedules import quant
 from zerojax.parallel.mesh import DATA
@@ -59,6 +60,12 @@ def compiled_temp(fn, *args) -> int:
     return int(jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes)
 
 
+def cotangent_like(x):
+    """x as a cotangent of itself: its float leaves, and float0 zeros for its integer ones."""
+    return jax.tree.map(lambda a: a if jnp.issubdtype(a.dtype, jnp.inexact)
+                        else np.zeros(a.shape, jax.dtypes.float0), x)
+
+
 def transient_estimate(cfg, engine, b_gather: int, b_reduce: int) -> dict:
     """Stage 3 under the explicit schedule: what its temporaries should be made of, per device,
     from the model's own units (an estimate to read next to XLA's measured temp_bytes)."""
@@ -68,10 +75,10 @@ def transient_estimate(cfg, engine, b_gather: int, b_reduce: int) -> dict:
     layer = max(unit_size(engine, name) for name in units.names)
     batch = step_lib.batch_shape(cfg, rows)
 
-    def block_vjp(name):
-        return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](x)
+    def block_vjp(name):  # x as its own cotangent (float0 for integer leaves: positions, segment ids)
+        return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](cotangent_like(x))
 
-    exit_grad = jax.grad(lambda w, x, batch: units.exit(w, x, batch)[0], argnums=(0, 1))
+    exit_grad = jax.grad(lambda w, x, batch: units.exit(w, x, batch)[0], argnums=(0, 1), allow_int=True)
     last = units.names[-1]
     # One block's backward working set, or the loss's: XLA never holds both at once.
     work = max([compiled_temp(block_vjp(name), unit_params(engine, name, compute), xs[name]) for name in units.names]
