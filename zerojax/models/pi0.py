@@ -1,0 +1,417 @@
+"""π0 in Flax NNX: a vision-language-action model trained by flow matching, as LeRobot's
+`PI0FlowMatching` (and openpi's π0) computes it, so that checkpoints map one to one.
+
+A PaliGemma (SigLIP tower, linear projector, Gemma decoder) reads the cameras and the prompt
+(the *prefix*); an action expert, a second and narrower Gemma of the same depth, heads and head
+dim (model.expert.*), reads the robot state and the noisy action chunk (the *suffix*). In
+every layer the two streams share one attention: each stream's norm and q/k/v projections,
+queries, keys and values concatenated over the sequence, attention once, then each stream's own
+output projection and MLP. So one *joint layer* (both experts' weights for that depth) is the
+unit the ZeRO-3 schedule gathers, which PyTorch FSDP cannot wrap block by block.
+
+Two stacks, run in order (the unit protocol):
+
+    enter(batch)           each camera's patch embeddings: [B·cameras, N, E]
+    vision                 SigLIP's encoder layers (one unit each)
+    between("layers")      the post-layernorm and projector; the prefix (image features, then the
+                           language embeddings x sqrt(d_model)) and the suffix (state_proj(state),
+                           then action_time_mlp(action_in_proj(x_t) ++ sin/cos time embedding))
+    layers                 the joint layers (one unit each); attention as LeRobot's
+                           make_att_2d_masks builds it: the prefix attends within itself both
+                           ways, the state token to the prefix and itself, the action tokens to
+                           everything (padding never attended)
+    exit(x, batch)         the expert's final norm, action_out_proj: v_t; the loss is the mean of
+                           (u_t - v_t)^2 over the real action dimensions of steps inside the episode
+
+Flow matching: x_t = t·noise + (1 - t)·actions, u_t = noise - actions. The batch carries `noise`
+and `time` (drawn by the data pipeline from (seed, step, row), so the loss is the same on any
+mesh and any train.grad_accum). The batch (`BATCH`, batch axis first):
+
+    images        float32 [B, cameras, 3, S, S] in [-1, 1]
+    image_masks   bool    [B, cameras]         (a missing camera: False, its image all -1)
+    tokens        int32   [B, L]               the prompt (PaliGemma's tokenizer, ending "\\n")
+    token_mask    bool    [B, L]
+    state         float32 [B, max_state_dim]   (normalized, zero-padded)
+    actions       float32 [B, H, max_action_dim]
+    action_is_pad bool    [B, H]               (steps past the episode's end: no loss)
+    noise         float32 [B, H, max_action_dim]
+    time          float32 [B]                  t ~ Beta(1.5, 1)·0.999 + 0.001
+
+`flow_loss(batch, noise, time)` returns LeRobot's unreduced losses [B, H, max_action_dim];
+`sample_actions(batch, noise, num_steps=10)` integrates from t = 1 to 0 with Euler steps, the
+prefix's keys and values computed once.
+
+Shapes: B batch, P prefix, S suffix (1 + H), H action horizon, A max_action_dim, D VLM width,
+W expert width, E vision width, G kv heads, Q query heads, K head dim, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from zerojax.models import gemma, protocol, siglip
+from zerojax.models.family import Tensor
+from zerojax.models.llama import MLP, _dense, rope
+from zerojax.precision import Policy
+
+BATCH = ("images", "image_masks", "tokens", "token_mask", "state", "actions", "action_is_pad", "noise", "time")
+TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")  # the vision tower's parameters
+BIG_NEG = -2.3819763e38  # openpi's (gemma/modules.py) masked score
+
+
+class Shape(NamedTuple):
+    """The sizes of a π0 (model.*, model.expert.*, model.action.*)."""
+
+    vocab_size: int
+    d_model: int  # the VLM's width
+    n_layers: int  # both experts' depth
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    expert_d_model: int
+    expert_d_ff: int
+    horizon: int  # H: actions per chunk (LeRobot's chunk_size = n_action_steps in training)
+    max_state_dim: int = 32
+    max_action_dim: int = 32
+    action_dim: int = 32  # the real action dimensions (the loss's; the rest is padding)
+    cameras: int = 1  # images per row (a missing camera is masked)
+    prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+
+def make_att_2d_masks(pad_BL: jax.Array, ar_BL: jax.Array) -> jax.Array:
+    """big_vision's (and LeRobot's) attention mask: token i attends to token j when both are real
+    and j's cumulative autoregressive flag is at most i's. bool [B, L (query), L (key)]."""
+    cum_BL = jnp.cumsum(ar_BL.astype(jnp.int32), axis=1)
+    return (cum_BL[:, None, :] <= cum_BL[:, :, None]) & (pad_BL[:, None, :] & pad_BL[:, :, None])
+
+
+def time_embedding(time_B: jax.Array, width: int, min_period: float = 4e-3, max_period: float = 4.0) -> jax.Array:
+    """Sine-cosine embedding of scalar times, [B, width]: angles t·2π/period, periods from
+    min_period to max_period, geometric (LeRobot's create_sinusoidal_pos_embedding).
+
+    LeRobot computes the angles in float64 (up to 2π/4e-3 ≈ 1571 rad, where float32's spacing is
+    1.2e-4); here in float32 pairs: each frequency split on the host into a 12-bit head and a
+    tail, t into a 12-bit head and a tail, so that head x head is exact and the angle is that
+    plus a small rest, sin(a + b) = sin a cos b + cos a sin b: within 1.2e-7 of float64's."""
+    fraction = np.linspace(0.0, 1.0, width // 2, dtype=np.float64)
+    scale = 1.0 / (min_period * (max_period / min_period) ** fraction) * 2 * math.pi
+    s_hi = (scale.astype(np.float32).view(np.int32) & ~np.int32(0xFFF)).view(np.float32)
+    s_lo = (scale - s_hi).astype(np.float32)
+    t_BF = time_B.astype(jnp.float32)[:, None]
+    c = t_BF * np.float32(4097.0)  # Veltkamp's split: t_hi keeps t's first 12 bits
+    t_hi = c - (c - t_BF)
+    t_lo = t_BF - t_hi
+    a, b = t_hi * s_hi, t_hi * s_lo + t_lo * s_hi + t_lo * s_lo
+    sin = jnp.sin(a) * jnp.cos(b) + jnp.cos(a) * jnp.sin(b)
+    cos = jnp.cos(a) * jnp.cos(b) - jnp.sin(a) * jnp.sin(b)
+    return jnp.concatenate([sin, cos], axis=1)
+
+
+class Stream(nnx.Module):
+    """One expert's half of a joint layer: Gemma's norms, projections and GeGLU MLP."""
+
+    def __init__(self, width: int, n_heads: int, n_kv_heads: int, head_dim: int, d_ff: int, eps: float,
+                 policy: Policy, rngs: nnx.Rngs):
+        self.input_layernorm = gemma.RMSNorm(width, eps, policy)
+        self.q_proj = _dense(width, n_heads * head_dim, policy, rngs)
+        self.k_proj = _dense(width, n_kv_heads * head_dim, policy, rngs)
+        self.v_proj = _dense(width, n_kv_heads * head_dim, policy, rngs)
+        self.o_proj = _dense(n_heads * head_dim, width, policy, rngs)
+        self.post_attention_layernorm = gemma.RMSNorm(width, eps, policy)
+        self.mlp = MLP(width, d_ff, policy, rngs, activation=gemma.gelu_tanh)
+        self.head_dim = head_dim
+
+    def qkv(self, h_BLW: jax.Array):
+        B, L, _ = h_BLW.shape
+        x = self.input_layernorm(h_BLW)
+        split = lambda proj: proj(x).reshape(B, L, -1, self.head_dim)
+        return split(self.q_proj), split(self.k_proj), split(self.v_proj)
+
+    def finish(self, h_BLW: jax.Array, attended_BLQK: jax.Array) -> jax.Array:
+        B, L = h_BLW.shape[:2]
+        h_BLW = h_BLW + self.o_proj(attended_BLQK.reshape(B, L, -1).astype(h_BLW.dtype))
+        return h_BLW + self.mlp(self.post_attention_layernorm(h_BLW))
+
+
+def attend(q_BTQK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, mask_BTS: jax.Array) -> jax.Array:
+    """Grouped-query attention under a [B, T, S] mask, scores and softmax in fp32: [B, T, Q, K]."""
+    B, T, Q, K = q_BTQK.shape
+    G = k_BSGK.shape[2]
+    q_BTGRK = q_BTQK.reshape(B, T, G, Q // G, K).astype(jnp.float32)
+    scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK.astype(jnp.float32)) * K ** -0.5
+    scores = jnp.where(mask_BTS[:, None, None], scores, BIG_NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSGK.dtype)
+    return jnp.einsum("bgrts,bsgk->btgrk", probs, v_BSGK).reshape(B, T, Q, K)
+
+
+class JointLayer(nnx.Module):
+    """Both experts' weights for one depth: the unit a ZeRO-3 schedule gathers at a time.
+
+    Its input and output is the dict {"prefix": [B, P, D], "suffix": [B, S, W], "pad": bool
+    [B, P+S], "ar": int32 [B, P+S]}: the two streams and what their attention mask is made of."""
+
+    def __init__(self, shape: Shape, policy: Policy, rngs: nnx.Rngs):
+        s = shape
+        self.vlm = Stream(s.d_model, s.n_heads, s.n_kv_heads, s.head_dim, s.d_ff, s.norm_eps, policy, rngs)
+        self.expert = Stream(s.expert_d_model, s.n_heads, s.n_kv_heads, s.head_dim, s.expert_d_ff, s.norm_eps,
+                             policy, rngs)
+        self.theta = s.rope_theta
+
+    def __call__(self, x: dict) -> dict:
+        prefix, suffix = x["prefix"], x["suffix"]
+        P = prefix.shape[1]
+        positions_BL = jnp.cumsum(x["pad"].astype(jnp.int32), axis=1) - 1
+        (qp, kp, vp), (qs, ks, vs) = self.vlm.qkv(prefix), self.expert.qkv(suffix)
+        q = rope(jnp.concatenate([qp, qs.astype(qp.dtype)], axis=1), self.theta, positions_BL)
+        k = rope(jnp.concatenate([kp, ks.astype(kp.dtype)], axis=1), self.theta, positions_BL)
+        v = jnp.concatenate([vp, vs.astype(vp.dtype)], axis=1)
+        out = attend(q, k, v, make_att_2d_masks(x["pad"], x["ar"]))
+        return {**x, "prefix": self.vlm.finish(prefix, out[:, :P]), "suffix": self.expert.finish(suffix, out[:, P:])}
+
+    def prefix_kv(self, prefix: jax.Array, positions_BP: jax.Array, mask_BPP: jax.Array):
+        """The prefix alone through the VLM's half (sampling): its output and its keys and values."""
+        q, k, v = self.vlm.qkv(prefix)
+        q, k = rope(q, self.theta, positions_BP), rope(k, self.theta, positions_BP)
+        return self.vlm.finish(prefix, attend(q, k, v, mask_BPP)), (k, v)
+
+    def suffix_step(self, suffix: jax.Array, kv, positions_BS: jax.Array, mask_BSL: jax.Array):
+        """The suffix through the expert's half, attending to the cached prefix and to itself."""
+        q, k, v = self.expert.qkv(suffix)
+        q, k = rope(q, self.theta, positions_BS), rope(k, self.theta, positions_BS)
+        k = jnp.concatenate([kv[0], k.astype(kv[0].dtype)], axis=1)
+        v = jnp.concatenate([kv[1], v.astype(kv[1].dtype)], axis=1)
+        return self.expert.finish(suffix, attend(q, k, v, mask_BSL))
+
+
+def _linear(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
+    """torch.nn.Linear's layout and initialisation (uniform in ±1/sqrt(d_in)), with a bias."""
+    bound = 1 / math.sqrt(d_in)
+    init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+    return nnx.Linear(d_in, d_out, dtype=policy.compute, param_dtype=policy.param, kernel_init=init,
+                      bias_init=init, rngs=rngs)
+
+
+class Pi0(nnx.Module):
+    STACKED = ("vision", "layers")
+
+    def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs):
+        s, self.shape, self.vision_shape = shape, shape, vision
+        self.vision_embeddings = siglip.Embeddings(vision, policy, rngs)
+        self.vision = siglip.make_stack(vision, policy, rngs)
+        self.vision_post_layernorm = siglip.layer_norm(vision.d_model, vision.norm_eps, policy, rngs)
+        self.multi_modal_projector = nnx.Linear(vision.d_model, s.d_model, dtype=policy.compute,
+                                                param_dtype=policy.param, rngs=rngs,
+                                                kernel_init=nnx.initializers.normal(gemma.STD))
+        self.embed_tokens = nnx.Embed(s.vocab_size, s.d_model, dtype=policy.compute, param_dtype=policy.param,
+                                      embedding_init=nnx.initializers.normal(gemma.STD), rngs=rngs)
+
+        @nnx.split_rngs(splits=s.n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_layers(rngs: nnx.Rngs) -> JointLayer:
+            return JointLayer(s, policy, rngs)
+
+        self.layers = make_layers(rngs)
+        self.norm = gemma.RMSNorm(s.d_model, s.norm_eps, policy)  # the VLM's final norm (its output is unused)
+        self.expert_norm = gemma.RMSNorm(s.expert_d_model, s.norm_eps, policy)
+        W = s.expert_d_model
+        self.state_proj = _linear(s.max_state_dim, W, policy, rngs)
+        self.action_in_proj = _linear(s.max_action_dim, W, policy, rngs)
+        self.action_out_proj = _linear(W, s.max_action_dim, policy, rngs)
+        self.action_time_mlp_in = _linear(2 * W, W, policy, rngs)
+        self.action_time_mlp_out = _linear(W, W, policy, rngs)
+
+    # -- the unit protocol --------------------------------------------------------------------
+
+    def enter(self, batch: dict) -> jax.Array:
+        images = batch["images"]
+        B, C = images.shape[:2]
+        return self.vision_embeddings(images.reshape(B * C, *images.shape[2:]))
+
+    def between(self, name: str, x_ENE: jax.Array, batch: dict) -> dict:
+        prefix, prefix_pad = self.embed_prefix(x_ENE, batch)
+        x_t = self.noisy_actions(batch)
+        suffix = self.embed_suffix(batch["state"], x_t, batch["time"])
+        B, P, S = prefix.shape[0], prefix.shape[1], suffix.shape[1]
+        pad = jnp.concatenate([prefix_pad, jnp.ones((B, S), bool)], axis=1)
+        ar = jnp.broadcast_to(jnp.asarray([0] * P + self.suffix_ar(), jnp.int32), (B, P + S))
+        return {"prefix": prefix, "suffix": suffix, "pad": pad, "ar": ar}
+
+    def exit(self, x: dict, batch: dict):
+        losses_BHA = self.losses(x["suffix"], batch)
+        keep_BHA = self.loss_mask(batch, losses_BHA.shape)
+        count = keep_BHA.sum()
+        return (losses_BHA * keep_BHA).sum() / jnp.maximum(count, 1.0), count
+
+    # -- the pieces ---------------------------------------------------------------------------
+
+    def image_features(self, x_ENE: jax.Array, cameras: int) -> jax.Array:
+        """The tower's output post-layernormed and projected, [B, cameras·N, D], scaled as LeRobot
+        with transformers 4.5x does: divided by sqrt(D) in get_image_features, then multiplied by it."""
+        features = self.multi_modal_projector(self.vision_post_layernorm(x_ENE))
+        D = features.shape[-1]
+        features = (features / D ** 0.5) * jnp.asarray(D ** 0.5, features.dtype)
+        return features.reshape(-1, cameras * features.shape[1], D)
+
+    def embed_prefix(self, x_ENE: jax.Array, batch: dict):
+        """The prefix's embeddings [B, P, D] and which of its tokens are real [B, P]."""
+        image_masks = batch["image_masks"]
+        B, C = image_masks.shape
+        images = self.image_features(x_ENE, C)
+        N = images.shape[1] // C
+        lang = self.embed_tokens(batch["tokens"])
+        lang = lang * jnp.asarray(math.sqrt(lang.shape[-1]), lang.dtype)
+        pad = jnp.concatenate([jnp.repeat(image_masks.astype(bool), N, axis=1), batch["token_mask"].astype(bool)],
+                              axis=1)
+        return jnp.concatenate([images, lang.astype(images.dtype)], axis=1), pad
+
+    def embed_suffix(self, state_BA: jax.Array, x_t_BHA: jax.Array, time_B: jax.Array) -> jax.Array:
+        """The state token and the action tokens, [B, 1 + H, W]."""
+        state = self.state_proj(state_BA)[:, None]
+        actions = self.action_in_proj(x_t_BHA)
+        times = jnp.broadcast_to(time_embedding(time_B, actions.shape[-1])[:, None].astype(actions.dtype),
+                                 actions.shape)
+        fused = self.action_time_mlp_out(jax.nn.silu(self.action_time_mlp_in(jnp.concatenate([actions, times], -1))))
+        return jnp.concatenate([state, fused.astype(state.dtype)], axis=1)
+
+    def suffix_ar(self) -> list[int]:
+        """The suffix's autoregressive flags: the state token starts a block (the prefix does not
+        see it), the first action token starts another (state and prefix do not see actions)."""
+        return [1, 1] + [0] * (self.shape.horizon - 1)
+
+    @staticmethod
+    def noisy_actions(batch: dict) -> jax.Array:
+        t = batch["time"][:, None, None]
+        return t * batch["noise"] + (1 - t) * batch["actions"]
+
+    def velocity(self, suffix_out: jax.Array) -> jax.Array:
+        out = self.expert_norm(suffix_out)[:, -self.shape.horizon:]
+        return self.action_out_proj(out.astype(jnp.float32)).astype(jnp.float32)
+
+    def losses(self, suffix_out: jax.Array, batch: dict) -> jax.Array:
+        """LeRobot's unreduced flow-matching losses (u_t - v_t)^2, [B, H, max_action_dim]."""
+        u_t = batch["noise"] - batch["actions"]
+        return jnp.square(u_t.astype(jnp.float32) - self.velocity(suffix_out))
+
+    def loss_mask(self, batch: dict, shape) -> jax.Array:
+        """1 on the real action dimensions of the steps inside the episode, else 0 (fp32)."""
+        real_A = jnp.arange(shape[-1]) < self.shape.action_dim
+        inside_BH = ~batch["action_is_pad"].astype(bool) if "action_is_pad" in batch else jnp.ones(shape[:2], bool)
+        return (inside_BH[..., None] & real_A).astype(jnp.float32)
+
+    # -- one device: checks against LeRobot, sampling -----------------------------------------
+
+    def flow_loss(self, batch: dict, noise: jax.Array, time: jax.Array) -> jax.Array:
+        """LeRobot's `PI0FlowMatching.forward(...)`: the unreduced losses [B, H, max_action_dim]."""
+        batch = {**batch, "noise": noise, "time": time}
+        x = protocol.apply_stack(self.vision, self.enter(batch))
+        x = protocol.apply_stack(self.layers, self.between("layers", x, batch))
+        return self.losses(x["suffix"], batch)
+
+    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int = 10) -> jax.Array:
+        """Actions [B, H, max_action_dim] (normalized space): Euler steps from t = 1 to 0 of the
+        learnt velocity, the prefix's keys and values computed once (LeRobot's sample_actions)."""
+        prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
+        B, P = prefix_pad.shape
+        prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
+        prefix_mask = make_att_2d_masks(prefix_pad, jnp.zeros((B, P), jnp.int32))
+        graphdef, stacked = nnx.split(self.layers)
+
+        def prefix_layer(h, layer):
+            h, kv = nnx.merge(graphdef, layer).prefix_kv(h, prefix_positions, prefix_mask)
+            return h, kv
+
+        _, cache = jax.lax.scan(prefix_layer, prefix, stacked)  # per layer: keys and values [B, P, G, K]
+        S = 1 + self.shape.horizon
+        suffix_pad = jnp.ones((B, S), bool)
+        suffix_mask = make_att_2d_masks(suffix_pad, jnp.broadcast_to(jnp.asarray(self.suffix_ar()), (B, S)))
+        mask = jnp.concatenate([jnp.broadcast_to(prefix_pad[:, None], (B, S, P)), suffix_mask], axis=2)
+        positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.cumsum(suffix_pad.astype(jnp.int32), axis=1) - 1
+
+        def velocity(x_t, time):
+            suffix = self.embed_suffix(batch["state"], x_t, jnp.broadcast_to(time, (B,)))
+
+            def suffix_layer(h, xs):
+                layer, kv = xs
+                return nnx.merge(graphdef, layer).suffix_step(h, kv, positions, mask), None
+
+            out, _ = jax.lax.scan(suffix_layer, suffix, (stacked, cache))
+            return self.velocity(out)
+
+        # LeRobot's loop: time and dt in fp32, `while time >= -dt / 2`, x_t += dt * v_t
+        dt = jnp.float32(-1.0 / num_steps)
+        x_t, time = noise.astype(jnp.float32), jnp.float32(1.0)
+        for _ in range(num_steps):
+            x_t = x_t + dt * velocity(x_t, time)
+            time = time + dt
+        return x_t
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of the joint sequence (prefix + suffix): `flops_per_row`
+        divided by the row's P + S tokens (seq_len is not a π0 length: unused)."""
+        return self.flops_per_row() / (self.prefix_len + 1 + self.shape.horizon)
+
+    @property
+    def prefix_len(self) -> int:
+        return self.shape.cameras * self.vision_shape.n_patches + self.shape.prompt_len
+
+    def flops_per_row(self) -> float:
+        """Training FLOPs of one row (PaLM appendix B: 6 per parameter per token it is applied to,
+        plus attention): the tower on every camera's N patches, the projector and the VLM's half
+        of each joint layer on the P prefix tokens, the expert's half and the action projections
+        on the S suffix tokens, and the joint attention of P + S queries over P + S keys
+        (12·L·(P+S)·Q·K per token)."""
+        params = nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+        s, P, S = self.shape, self.prefix_len, 1 + self.shape.horizon
+        tower = sum(size(params[k]) for k in TOWER)
+        vlm = size(params["layers"]["vlm"]) + size(params["multi_modal_projector"])
+        expert = size(params["layers"]["expert"]) + sum(
+            size(params[k]) for k in ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in",
+                                      "action_time_mlp_out", "expert_norm"))
+        return (s.cameras * siglip.flops_per_image(tower, self.vision_shape) + 6 * vlm * P + 6 * expert * S
+                + 12 * s.n_layers * (P + S) ** 2 * s.n_heads * s.head_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# LeRobot's checkpoint (PI0Policy.save_pretrained, LeRobot 0.3.x with transformers 4.5x): the
+# tensor table. The VLM's token embedding is saved as its tied `lm_head`; the expert's lm_head
+# (random, never used: π0 predicts velocities, not tokens) is written back as LeRobot expects it.
+
+ROOT = "model.paligemma_with_expert."
+VLM = ROOT + "paligemma.model."
+VLM_LAYER = VLM + "language_model.layers.{i}."
+EXPERT_LAYER = ROOT + "gemma_expert.model.layers.{i}."
+
+
+def _stream_tensors(stream: str, layer: str) -> dict:
+    out = {f"layers/{stream}/{norm}/scale": Tensor(layer + f"{norm}.weight")
+           for norm in ("input_layernorm", "post_attention_layernorm")}
+    out.update({f"layers/{stream}/{p}/kernel": Tensor(layer + f"self_attn.{p}.weight", True)
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj")})
+    out.update({f"layers/{stream}/mlp/{p}/kernel": Tensor(layer + f"mlp.{p}.weight", True)
+                for p in ("gate_proj", "up_proj", "down_proj")})
+    return out
+
+
+LEROBOT_TENSORS = {
+    **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
+    "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
+    "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
+    "embed_tokens/embedding": Tensor(ROOT + "paligemma.lm_head.weight"),
+    "norm/scale": Tensor(VLM + "language_model.norm.weight"),
+    "expert_norm/scale": Tensor(ROOT + "gemma_expert.model.norm.weight"),
+    **_stream_tensors("vlm", VLM_LAYER),
+    **_stream_tensors("expert", EXPERT_LAYER),
+    **{f"{p}/{leaf}": Tensor(f"model.{p}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel")
+       for p in ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+       for leaf in ("kernel", "bias")},
+}
