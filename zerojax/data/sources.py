@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import is_factory
+from zerojax.config.sections import is_factory, is_lerobot
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 
@@ -46,11 +46,14 @@ class Source(Protocol):
 
 
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
-KINDS = {"tokens": "zerojax.data.sources"}
+KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot"}
 
 
 def kind_of(cfg) -> str:
-    """The kind of source a config reads: `custom` (data.source=module:factory) or a token corpus."""
+    """The kind of source a config reads: `lerobot` (data.source=lerobot:DIR, tested first: it
+    looks like module:factory), `custom` (data.source=module:factory) or a token corpus."""
+    if is_lerobot(cfg.data.source):
+        return "lerobot"
     return "custom" if is_factory(cfg.data.source) else "tokens"
 
 
