@@ -11,7 +11,8 @@ v3.0): two cameras (`front` stored as AV1 video, 24x32, and `wrist` as PNG image
 the Parquet, 16x16), `observation.state` [3] and `action` [2], three episodes of 6, 9 and 4
 frames at 10 fps, two tasks. Then OUT/reference.npz: LeRobot's `__getitem__` for INDICES, with
 action chunks of HORIZON steps (`delta_timestamps`), each field stacked over the indices;
-the same items through LeRobot's `NormalizerProcessorStep` (mean/std and quantiles); and the
+the same items through LeRobot's `NormalizerProcessorStep` (its four modes), also with the
+statistics of OUT/degenerate_stats.json (a constant gripper: the eps paths); and the
 camera frames through `resize_with_pad_torch` (LeRobot's pi0, openpi's order: to [-1, 1] first)
 to SIZE x SIZE.
 """
@@ -65,6 +66,16 @@ def write_dataset(root: Path) -> None:
     dataset.finalize()
 
 
+def degenerate(stats: dict) -> dict:
+    """The statistics with a constant gripper: std 0, and each pair of bounds equal (the eps paths)."""
+    stats = {k: {s: np.array(v, copy=True) for s, v in d.items()} for k, d in stats.items()}
+    state = stats["observation.state"]
+    state["std"][2] = 0
+    for lo, hi in (("min", "max"), ("q01", "q99"), ("q10", "q90")):
+        state[hi][2] = state[lo][2]
+    return stats
+
+
 def reference(root: Path) -> dict:
     delta = {"action": [i / FPS for i in range(HORIZON)]}
     dataset = LeRobotDataset("zerojax/tiny", root=root, delta_timestamps=delta, video_backend="pyav")
@@ -76,14 +87,16 @@ def reference(root: Path) -> dict:
         out[key] = np.stack([v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in values])
     features = {"observation.state": PolicyFeature(FeatureType.STATE, (3,)),
                 "action": PolicyFeature(FeatureType.ACTION, (2,))}
-    for mode in (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.QUANTILES,
-                 NormalizationMode.QUANTILE10):
-        step = NormalizerProcessorStep(features=features, stats=dataset.meta.stats,
-                                       norm_map={FeatureType.STATE: mode, FeatureType.ACTION: mode})
-        transition = step({TransitionKey.OBSERVATION: {"observation.state": torch.from_numpy(out["observation.state"])},
-                           TransitionKey.ACTION: torch.from_numpy(out["action"])})
-        out[f"{mode.value.lower()}/observation.state"] = transition[TransitionKey.OBSERVATION]["observation.state"].numpy()
-        out[f"{mode.value.lower()}/action"] = transition[TransitionKey.ACTION].numpy()
+    for name, stats in (("", dataset.meta.stats), ("degenerate/", degenerate(dataset.meta.stats))):
+        for mode in (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.QUANTILES,
+                     NormalizationMode.QUANTILE10):
+            step = NormalizerProcessorStep(features=features, stats=stats,
+                                           norm_map={FeatureType.STATE: mode, FeatureType.ACTION: mode})
+            transition = step({TransitionKey.OBSERVATION: {"observation.state": torch.from_numpy(out["observation.state"])},
+                               TransitionKey.ACTION: torch.from_numpy(out["action"])})
+            key = f"{name}{mode.value.lower()}"
+            out[f"{key}/observation.state"] = transition[TransitionKey.OBSERVATION]["observation.state"].numpy()
+            out[f"{key}/action"] = transition[TransitionKey.ACTION].numpy()
     for camera in ("front", "wrist"):
         images = torch.from_numpy(out[f"observation.images.{camera}"]).permute(0, 2, 3, 1)  # BCHW -> BHWC
         resized = resize_with_pad_torch(images * 2.0 - 1.0, SIZE, SIZE)
@@ -97,6 +110,9 @@ def main(out: Path) -> None:
         shutil.rmtree(root)
     write_dataset(root)
     ref = reference(root)
+    stats = degenerate(LeRobotDataset("zerojax/tiny", root=root).meta.stats)
+    (out / "degenerate_stats.json").write_text(json.dumps({k: {s: v.tolist() for s, v in d.items()}
+                                                          for k, d in stats.items()}, indent=1))
     np.savez_compressed(out / "reference.npz", indices=np.asarray(INDICES), horizon=HORIZON, size=SIZE, **ref)
     print(json.dumps({k: [list(v.shape), str(v.dtype)] for k, v in ref.items()}, indent=1))
 

@@ -54,6 +54,15 @@ def test_normalization_equals_lerobots_processor(mode):
         np.testing.assert_array_equal(np.stack([it[key] for it in items]), REF[f"{mode}/{key}"], err_msg=key)
 
 
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
+def test_a_constant_feature_is_normalized_as_lerobot_does(mode, tmp_path):
+    root = copy_fixture(tmp_path)  # the gripper constant: std 0, min = max, ... (LeRobot's eps paths)
+    shutil.copy(FIXTURE / "degenerate_stats.json", root / "meta" / "stats.json")
+    src = source(f"data.norm_state={mode}", "data.norm_action=identity", root=root)
+    state = np.stack([src.item(i)["observation.state"] for i in INDICES])
+    np.testing.assert_array_equal(state, REF[f"degenerate/{mode}/observation.state"])
+
+
 def test_images_are_resized_with_padding_as_pi0_in_minus_one_to_one():
     src = source()
     size = int(REF["size"])
