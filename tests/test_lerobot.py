@@ -150,6 +150,10 @@ def shift_episode(root, episode, seconds):
     pq.write_table(table.set_column(table.column_names.index(name), name, shifted), path)
 
 
+def cut_short(path, size):
+    path.write_bytes(path.read_bytes()[:size])  # its headers still claim every frame
+
+
 BAD = {
     "no info.json": (lambda root: (root / "meta" / "info.json").unlink(), [], "no meta/info.json in it"),
     "a codebase version": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v2.1")),
@@ -161,6 +165,10 @@ BAD = {
                            ["data.norm_action=quantiles"], "no q01 statistics for 'action' (data.norm_action=quantiles"),
     "an undecodable time": (lambda root: shift_episode(root, 2, 30.0), [],
                             "episode 2 needs its observation.images.front frame at t=31.5"),
+    "a cut-short video": (lambda root: cut_short(next((root / "videos").rglob("*.mp4")), 1500), [],
+                          ("observation.images.front, episode 2: ", "has no frame at t=1.8000 s")),
+    "not a video": (lambda root: next((root / "videos").rglob("*.mp4")).write_bytes(b"\0" * 100), [],
+                    "file-000.mp4: not a video PyAV can open"),
 }
 
 
@@ -172,7 +180,9 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, tmp_p
     out = tmp_path / "run"
     code = cli.main(["train", f"data.source=lerobot:{root}", f"train.out_dir={out}", "train.steps=1", *overrides])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:") and message in err[0], err
+    messages = message if isinstance(message, tuple) else (message,)
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:"), err
+    assert all(m in err[0] for m in messages), err
     assert not out.exists()
 
 

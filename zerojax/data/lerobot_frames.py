@@ -48,8 +48,16 @@ class VideoReader:
 
         open_files = self._local.__dict__.setdefault("files", {})
         if path not in open_files:
-            open_files[path] = av.open(path)
+            try:
+                open_files[path] = av.open(path)
+            except av.error.FFmpegError as err:
+                raise ConfigError(f"{path}: not a video PyAV can open ({err})") from None
         return open_files[path]
+
+    def close(self) -> None:
+        """Closes this thread's open files."""
+        for container in self._local.__dict__.pop("files", {}).values():
+            container.close()
 
     def frame(self, path: str, t: float, where: str) -> np.ndarray:
         """The RGB uint8 [h, w, 3] frame of `path` at `t` seconds (ConfigError naming `where` and
@@ -81,7 +89,11 @@ def video_span(path: str) -> tuple[float, float]:
     from its headers (nothing decoded)."""
     import av
 
-    with av.open(path) as container:
+    try:
+        container = av.open(path)
+    except av.error.FFmpegError as err:
+        raise ConfigError(f"{path}: not a video PyAV can open ({err})") from None
+    with container:
         stream = container.streams.video[0]
         base = float(stream.time_base)
         start = (stream.start_time or 0) * base

@@ -165,8 +165,9 @@ def read_stats(root: Path, norms: dict) -> dict:
 
 
 def check_videos(ds: Dataset, cameras: list[str]) -> None:
-    """Every frame a video camera will be asked for lies within its MP4's span (headers only)."""
-    spans = {}
+    """Every frame a video camera will be asked for lies within its MP4's span (headers), and the
+    last one of each file decodes (a file cut short keeps headers that claim its whole length)."""
+    spans, last = {}, {}
     for ep in ds.episodes.values():
         rows = ds.timestamp[(ds.index >= ep.start) & (ds.index < ep.stop)]
         for camera, (path, start) in ep.videos.items():
@@ -180,6 +181,12 @@ def check_videos(ds: Dataset, cameras: list[str]) -> None:
                     raise ConfigError(f"{path}: episode {ep.index} needs its {camera} frame at t={t:.4f} s, "
                                       f"outside the video ({first:.4f} s to {end:.4f} s); the video cannot be "
                                       "decoded there (meta/episodes' from_timestamp, or a cut-short file?)")
+                if t > last.get(path, (-1.0,))[0]:
+                    last[path] = (t, f"{camera}, episode {ep.index}")
+    reader = frames.VideoReader()
+    for path, (t, where) in last.items():
+        reader.frame(path, t, where)
+    reader.close()
 
 
 def load(root: Path, info: dict, cameras: list[str], norms: dict) -> Dataset:
