@@ -138,16 +138,15 @@ def edit_json(path, edit):
     path.write_text(json.dumps(doc))
 
 
-def shift_episode(root, episode, seconds):
+def edit_episode(root, episode, name, change):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     path = next((root / "meta" / "episodes").glob("*/*.parquet"))
     table = pq.read_table(path)
-    name = "videos/observation.images.front/from_timestamp"
     column = table.column(name)
-    shifted = pc.if_else(pc.equal(table.column("episode_index"), episode), pc.add(column, seconds), column)
-    pq.write_table(table.set_column(table.column_names.index(name), name, shifted), path)
+    edited = pc.if_else(pc.equal(table.column("episode_index"), episode), pc.add(column, change), column)
+    pq.write_table(table.set_column(table.column_names.index(name), name, edited), path)
 
 
 def cut_short(path, size):
@@ -163,8 +162,13 @@ BAD = {
                           "features: observation.state, action, observation.images.front, observation.images.wrist"),
     "missing statistics": (lambda root: edit_json(root / "meta" / "stats.json", lambda d: d["action"].pop("q01")),
                            ["data.norm_action=quantiles"], "no q01 statistics for 'action' (data.norm_action=quantiles"),
-    "an undecodable time": (lambda root: shift_episode(root, 2, 30.0), [],
+    "an undecodable time": (lambda root: edit_episode(root, 2, "videos/observation.images.front/from_timestamp", 30.0), [],
                             "episode 2 needs its observation.images.front frame at t=31.5"),
+    "a feature's shape": (lambda root: edit_json(root / "meta" / "info.json",
+                                                 lambda d: d["features"]["action"].update(shape=[3])), [],
+                          "the data files' 'action' holds 2 numbers a frame; meta/info.json says shape [3]"),
+    "an episode's frames": (lambda root: edit_episode(root, 0, "dataset_to_index", 1), [],
+                            "episode 0 spans dataset indices [0, 7) in meta/episodes, but the data files hold 6 of its 7"),
     "a cut-short video": (lambda root: cut_short(next((root / "videos").rglob("*.mp4")), 1500), [],
                           ("observation.images.front, episode 2: ", "has no frame at t=1.8000 s")),
     "not a video": (lambda root: next((root / "videos").rglob("*.mp4")).write_bytes(b"\0" * 100), [],

@@ -204,8 +204,23 @@ def load(root: Path, info: dict, cameras: list[str], norms: dict) -> Dataset:
                  {k: as_matrix(table.column(k)) for k in ("observation.state", "action")},
                  {c: table.column(c) for c in images}, episodes, read_tasks(root / "meta" / "tasks.parquet"),
                  read_stats(root, norms))
-    unknown = sorted(set(ds.task.tolist()) - set(ds.tasks))
-    if unknown:
-        raise ConfigError(f"{root / 'meta' / 'tasks.parquet'}: no task with task_index {unknown[0]} (the frames use it)")
+    check_tables(ds, info)
     check_videos(ds, cameras)
     return ds
+
+
+def check_tables(ds: Dataset, info: dict) -> None:
+    """The frames agree with meta/info.json, the episodes and the tasks."""
+    for key, matrix in ds.columns.items():
+        width = int(np.prod(info["features"][key]["shape"]))
+        if matrix.shape[1] != width:
+            raise ConfigError(f"{ds.root}: the data files' {key!r} holds {matrix.shape[1]} numbers a frame; "
+                              f"meta/info.json says shape {list(info['features'][key]['shape'])}")
+    for ep in ds.episodes.values():
+        held = np.count_nonzero((ds.index >= ep.start) & (ds.index < ep.stop) & (ds.episode == ep.index))
+        if held != ep.stop - ep.start:
+            raise ConfigError(f"{ds.root}: episode {ep.index} spans dataset indices [{ep.start}, {ep.stop}) in "
+                              f"meta/episodes, but the data files hold {held} of its {ep.stop - ep.start} frames")
+    unknown = sorted(set(ds.task.tolist()) - set(ds.tasks))
+    if unknown:
+        raise ConfigError(f"{ds.root / 'meta' / 'tasks.parquet'}: no task with task_index {unknown[0]} (the frames use it)")
