@@ -12,7 +12,8 @@ the Parquet, 16x16), `observation.state` [3] and `action` [2], three episodes of
 frames at 10 fps, two tasks. Then OUT/reference.npz: LeRobot's `__getitem__` for INDICES, with
 action chunks of HORIZON steps (`delta_timestamps`), each field stacked over the indices;
 the same items through LeRobot's `NormalizerProcessorStep` (its four modes), also with the
-statistics of OUT/degenerate_stats.json (a constant gripper: the eps paths); and the
+statistics of OUT/degenerate_stats.json (a constant gripper: the eps paths), and the normalized actions back
+through `UnnormalizerProcessorStep` (what a policy server applies to its output); and the
 camera frames through `resize_with_pad_torch` (LeRobot's pi0, openpi's order: to [-1, 1] first)
 to SIZE x SIZE.
 """
@@ -29,7 +30,7 @@ from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from lerobot.policies.pi0.modeling_pi0 import resize_with_pad_torch
 from lerobot.processor.core import TransitionKey
-from lerobot.processor.normalize_processor import NormalizerProcessorStep
+from lerobot.processor.normalize_processor import NormalizerProcessorStep, UnnormalizerProcessorStep
 
 FPS = 10
 LENGTHS = (6, 9, 4)  # frames per episode
@@ -97,6 +98,10 @@ def reference(root: Path) -> dict:
             key = f"{name}{mode.value.lower()}"
             out[f"{key}/observation.state"] = transition[TransitionKey.OBSERVATION]["observation.state"].numpy()
             out[f"{key}/action"] = transition[TransitionKey.ACTION].numpy()
+            inverse = UnnormalizerProcessorStep(features=features, stats=stats,
+                                                norm_map={FeatureType.STATE: mode, FeatureType.ACTION: mode})
+            back = inverse({TransitionKey.ACTION: transition[TransitionKey.ACTION]})  # a policy's output
+            out[f"{key}/unnormalized/action"] = back[TransitionKey.ACTION].numpy()
     for camera in ("front", "wrist"):
         images = torch.from_numpy(out[f"observation.images.{camera}"]).permute(0, 2, 3, 1)  # BCHW -> BHWC
         resized = resize_with_pad_torch(images * 2.0 - 1.0, SIZE, SIZE)

@@ -55,6 +55,14 @@ def test_normalization_equals_lerobots_processor(mode):
 
 
 @pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
+def test_actions_come_back_as_lerobots_unnormalizer_gives_them(mode):
+    stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
+    back = lerobot.unnormalize(REF[f"{mode}/action"], stats["action"], mode)
+    np.testing.assert_array_equal(back, REF[f"{mode}/unnormalized/action"])
+    assert not np.array_equal(back, REF[f"{mode}/action"])
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
 def test_a_constant_feature_is_normalized_as_lerobot_does(mode, tmp_path):
     root = copy_fixture(tmp_path)  # the gripper constant: std 0, min = max, ... (LeRobot's eps paths)
     shutil.copy(FIXTURE / "degenerate_stats.json", root / "meta" / "stats.json")

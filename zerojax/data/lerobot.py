@@ -128,6 +128,21 @@ def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
     return np.float32(2) * (x - lo) / denom - np.float32(1)
 
 
+def unnormalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
+    """The inverse (UnnormalizerProcessorStep's formulas, float32): a policy's actions back in
+    the robot's units."""
+    if mode == "identity":
+        return x
+    lo, hi = (np.asarray(stats[k], np.float32) for k in meta.STAT_KEYS[mode])
+    if mode == "mean_std":
+        return x * hi + lo
+    denom = hi - lo
+    denom = np.where(denom == 0, np.float32(EPS), denom)
+    if mode == "min_max":
+        return (x + np.float32(1)) / np.float32(2) * denom + lo
+    return (x + np.float32(1)) * denom / np.float32(2) + lo
+
+
 def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """pi0's prompt: the task and a newline (Pi0NewLineProcessor), truncated to `length` tokens and
     padded with 0 on the right; its mask."""
