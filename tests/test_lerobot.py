@@ -207,3 +207,20 @@ def test_a_frame_the_video_does_not_have_names_the_episode_and_time():
     with pytest.raises(ConfigError, match=r"observation.images.front, episode 1: .* has no frame at t=0\.6500 s "
                                           r"\(the nearest frame is at 0\.\d+ s"):
         src.raw_item(int(ep.start))
+
+
+def test_a_run_keeps_the_statistics_beside_its_checkpoints(tmp_path):
+    # gpt reads the batch's `tokens` (the prompts) as its text: the run is here for what it
+    # writes, and for the batch going through the sharded step on 8 devices.
+    out = tmp_path / "run"
+    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles",
+                     "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16", "model.d_model=32",
+                     "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "model.seq_len=16", "train.steps=1",
+                     "train.global_batch=8", "train.eval_every=0", "train.ckpt_every=0", f"train.out_dir={out}"])
+    assert code == 0
+    doc = json.loads((out / "lerobot.json").read_text())
+    stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
+    assert doc["normalization"]["action"] == {"mode": "quantiles", "q01": stats["action"]["q01"],
+                                              "q99": stats["action"]["q99"]}
+    assert doc["normalization"]["observation.state"]["mode"] == "mean_std"
+    assert list(doc["features"]) == ["observation.state", *CAMERAS, "action"] and doc["action_horizon"] == 2

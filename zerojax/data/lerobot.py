@@ -30,10 +30,14 @@ process decodes only its rows. The last int(episodes * data.val_fraction) episod
 out for evaluation (none held out: evaluation reads the training episodes). Decoding runs one
 step ahead in a background thread, rows in parallel (`Prefetch`); the result does not depend
 on the timing.
+
+A run writes lerobot.json beside its checkpoints (`run_files`): the features, the normalization
+modes and statistics (`unnormalize` maps a policy's actions back), the chunk and prompt lengths.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,7 +117,7 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
     dataset = meta.load(root, info, cameras, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction)
+    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
 
 
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
@@ -157,8 +161,8 @@ def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 class LeRobotSource:
     """The source (module docstring): `item(index)` is one frame's row, `rows` a step's."""
 
-    def __init__(self, dataset, spec, cameras, norms, tokenizer, seed: int, val_fraction: float):
-        self.dataset, self._spec, self.cameras, self.norms = dataset, spec, cameras, norms
+    def __init__(self, dataset, spec, cameras, norms, tokenizer, seed: int, val_fraction: float, info: dict):
+        self.dataset, self._spec, self.cameras, self.norms, self.info = dataset, spec, cameras, norms, info
         self.tokenizer, self.seed = tokenizer, seed
         self.horizon = spec[ACTION].shape[1]
         self.prompt_len = spec["tokens"].shape[1]
@@ -173,6 +177,17 @@ class LeRobotSource:
 
     def spec(self) -> dict:
         return self._spec
+
+    def run_files(self) -> dict:
+        """lerobot.json for the run directory, beside its checkpoints: what a policy trained on this
+        data needs to be served (the observation's features, the normalization's modes and
+        statistics, to unnormalize its actions with `unnormalize`, the chunk and prompt lengths)."""
+        features = {k: self.info["features"][k] for k in (STATE, *self.cameras, ACTION)}
+        doc = {"dataset": str(self.dataset.root), "fps": self.dataset.fps, "features": features,
+               "normalization": {k: {"mode": m, **{s: self.dataset.stats[k][s] for s in meta.STAT_KEYS[m]}}
+                                 for k, m in self.norms.items()},
+               "action_horizon": self.horizon, "image_size": self.size, "prompt_len": self.prompt_len}
+        return {"lerobot.json": json.dumps(doc, indent=1) + "\n"}
 
     def frames_of(self, split: int, step: int) -> np.ndarray:
         """The dataset indices of every row of the step's global batch."""

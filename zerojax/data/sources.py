@@ -5,6 +5,7 @@ A source (one per `data.source` kind, `KINDS`) is opened from the config and has
     vocab_size: int                          # token ids it can hold (checked against the model's)
     spec() -> pytree of Field                # the global batch: shapes [B, ...] and dtypes
     rows(split, step, rows: slice) -> pytree of numpy arrays   # rows `rows` of that batch
+    run_files() -> {name: text}              # optional: files for the run directory (LeRobot: lerobot.json)
 
 `rows` is a pure function of (seed, split, step): the same batch on any mesh and any number of
 processes, each process building only the rows its devices hold (`process_rows`). Every leaf
