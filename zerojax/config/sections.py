@@ -78,8 +78,9 @@ def is_lerobot(source: str) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    #                         | a .jsonl/.parquet file of examples (images and text: zerojax.data.images)
     #                         | module:factory (a source of your own: zerojax.data.sources)
-    val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    val_fraction: float = 0.1  # tail of the corpus (or of the examples) held out for evaluation
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
     # data.source=lerobot:DIR (zerojax.data.lerobot); the defaults are LeRobot's pi0
     action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (LeRobot's chunk_size)
@@ -92,15 +93,15 @@ class DataConfig:
     def __post_init__(self):
         if is_lerobot(self.source):
             return _check_lerobot(self)
-        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy")
+        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy", ".jsonl", ".parquet")
                 and not is_factory(self.source)):
             raise ConfigError(
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "a .bin/.npy token file, or module:factory (a source of your own)"
+                "a .bin/.npy token file, a .jsonl/.parquet file of examples, or module:factory (a source of your own)"
             )
-        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt"
+        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix in (".bin", ".npy")
                 and not is_factory(self.source)):
-            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt file or a file of examples); "
                               f"data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
