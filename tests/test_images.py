@@ -223,3 +223,43 @@ def test_pixels_follow_siglip_on_a_known_image():
         opaque = images.decode(f.getvalue(), "x", 3)
     np.testing.assert_array_equal(out[:, :, 1], opaque[:, :, 1])  # the middle column is the black pixel's
     assert out[:, 0, 2].tolist() == [1.0, 1.0, 1.0] and opaque[:, 0, 2].tolist() == [-1.0, -1.0, -1.0]
+
+
+def shapes_vqa():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shapes_vqa", Path(__file__).parent.parent / "scripts" / "shapes_vqa.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def shape_of(image, rgb):
+    """The shape the pixels of colour `rgb` draw, from how much of their bounding box they fill
+    (a square all of it, a circle pi/4, a triangle half)."""
+    ys, xs = np.nonzero((image == rgb).all(axis=-1))
+    fill = len(ys) / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+    return "square" if fill > 0.95 else "circle" if fill > 0.68 else "triangle"
+
+
+def test_shapes_vqa_is_deterministic_answerable_from_the_image_and_loads(tmp_path, capsys):
+    vqa = shapes_vqa()
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        assert vqa.main(["--out", str(tmp_path / name), "--n", "12", "--size", "32", "--seed", str(seed)]) == 0
+    files = {name: {p.relative_to(tmp_path / name): p.read_bytes() for p in sorted((tmp_path / name).rglob("*.*"))}
+             for name in "abc"}
+    assert files["a"] == files["b"] and files["a"] != files["c"]
+    for line in (tmp_path / "a" / "data.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        words = e["prefix"].rstrip("?").split()
+        shape, colour = (words[-1], e["suffix"]) if words[1] == "colour" else (e["suffix"], words[-1])
+        assert shape_of(np.asarray(Image.open(tmp_path / "a" / e["image"])), vqa.COLOURS[colour]) == shape, e
+    keys = dict(kv.split("=") for kv in capsys.readouterr().out.split())
+    cfg = config(keys["data.source"], tokenizer=keys["data.tokenizer"], image_token_id=int(keys["model.image_token_id"]),
+                 image_size=32, patch_size=8, seq_len=40, val_fraction=0.25)
+    source = sources.open_source(cfg)
+    assert source.vocab_size == int(keys["model.vocab_size>"]) and source.n_train == 9
+    batch = source.rows(data.EVAL, 0, slice(None))
+    answers = [source.text.tokenizer.decode(t[1:][m].tolist(), skip_special_tokens=True) for t, m in
+               zip(batch["tokens"], batch["loss_mask"])]
+    assert all(a in vqa.COLOURS or a in vqa.SHAPES for a in answers), answers  # the loss is on the answer alone
