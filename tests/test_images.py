@@ -263,3 +263,34 @@ def test_shapes_vqa_is_deterministic_answerable_from_the_image_and_loads(tmp_pat
     answers = [source.text.tokenizer.decode(t[1:][m].tolist(), skip_special_tokens=True) for t, m in
                zip(batch["tokens"], batch["loss_mask"])]
     assert all(a in vqa.COLOURS or a in vqa.SHAPES for a in answers), answers  # the loss is on the answer alone
+
+
+def paligemma_family() -> bool:
+    from zerojax.models import registry
+
+    return "paligemma" in registry.FAMILIES
+
+
+TINY_VLM = ["model.family=paligemma", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
+            "model.head_dim=16", "model.d_ff=64", "model.vision.image_size=28", "model.vision.patch_size=14",
+            "model.vision.d_model=32", "model.vision.n_layers=1", "model.vision.n_heads=2", "model.vision.d_ff=64",
+            "model.image_token_id=320", "model.vocab_size=1473", "model.seq_len=24", "train.steps=1",
+            "train.global_batch=8", "train.ckpt_every=0"]
+
+
+@pytest.mark.skipif(not paligemma_family(), reason="needs model.family=paligemma (the model half of issue 23)")
+@pytest.mark.parametrize("make, message", [
+    (lambda root: write_examples(root) and (root / "img" / "5.png").unlink(), "line 6: no image file"),
+    (long_prompt, "line 3: the prompt takes"),
+], ids=["missing image", "long prompt"])
+def test_zerojax_train_on_bad_image_data_exits_2_with_one_line_and_writes_nothing(make, message, tmp_path, capsys):
+    from zerojax import cli
+
+    make(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    args = ["train", *TINY_VLM, f"data.source={tmp_path / 'data.jsonl'}", f"data.tokenizer={TOKENIZER}",
+            f"train.out_dir={tmp_path / 'run'}"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1 and message in err, err
+    assert sorted(tmp_path.rglob("*")) == before
