@@ -190,6 +190,20 @@ def test_each_bad_input_is_one_line_naming_the_file_and_writes_nothing(make, mes
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_a_parquet_without_a_column_or_a_line_that_is_not_json_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = write_examples(tmp_path)
+    pq.write_table(pa.table({"image": [b"x"] * 10, "question": [e["prefix"] for e in lines]}), tmp_path / "q.parquet")
+    with pytest.raises(ConfigError, match=r"q.parquet' has no column 'prefix', 'suffix' \(it has image, question\); "
+                                          r"expected image \(bytes\), prefix and suffix"):
+        sources.open_source(config(tmp_path / "q.parquet"))
+    (tmp_path / "data.jsonl").write_text((tmp_path / "data.jsonl").read_text() + "{'image': 1}\n")
+    with pytest.raises(ConfigError, match=r"data.jsonl' line 11 is not JSON .*; expected one object per line"):
+        sources.open_source(config(tmp_path / "data.jsonl"))
+
+
 def test_a_tokenizer_without_bos_or_eos_or_with_another_image_id_is_refused(tmp_path):
     write_examples(tmp_path)
     with pytest.raises(ConfigError, match=r"holds <image> as id 320, but model.image_token_id=5; set model.image_token_id=320"):
