@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""A visual question-answering set small enough to learn on a CPU: images of two coloured shapes
-on white, one question each ("what colour is the circle?" -> "red", "what shape is blue?" ->
+"""A visual question-answering set small enough to learn on a CPU: images of two (or, with
+--shapes 1, one) coloured shapes on white, one question each ("what colour is the circle?" -> "red", "what shape is blue?" ->
 "square"), as PaliGemma's fine-tuning JSONL, with a tokenizer for it.
 
-    python scripts/shapes_vqa.py --out data/shapes [--n 2000] [--size 32] [--seed 0]
+    python scripts/shapes_vqa.py --out data/shapes [--n 2000] [--size 32] [--shapes 2] [--seed 0]
 
 writes, deterministically from --seed:
 
@@ -47,21 +47,20 @@ def draw(shape: str, colour: tuple, box: tuple, canvas: ImageDraw.ImageDraw) -> 
         canvas.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=colour)
 
 
-def example(rng: np.random.Generator, size: int) -> tuple[Image.Image, str, str]:
-    """An image of two shapes of different kinds and colours, one in each half, and a question."""
-    shapes = rng.choice(len(SHAPES), 2, replace=False)
-    colours = rng.choice(len(COLOURS), 2, replace=False)
+def example(rng: np.random.Generator, size: int, n_shapes: int = 2) -> tuple[Image.Image, str, str]:
+    """An image of n_shapes shapes of different kinds and colours, each in its own vertical strip,
+    and a question about one of them."""
+    shapes = rng.choice(len(SHAPES), n_shapes, replace=False)
+    colours = rng.choice(len(COLOURS), n_shapes, replace=False)
     image = Image.new("RGB", (size, size), (255, 255, 255))
     canvas = ImageDraw.Draw(image)
-    half = size // 2
-    left_first = rng.random() < 0.5
-    for k in range(2):
-        side = int(left_first) ^ k  # 1: left half
+    strip, half = size // n_shapes, size // 2
+    for k, at in enumerate(rng.permutation(n_shapes)):
         extent = int(rng.integers(half * 5 // 8, half * 7 // 8 + 1))
-        x0 = int(rng.integers(0, half - extent + 1)) + (0 if side else half)
+        x0 = int(rng.integers(0, strip - extent + 1)) + int(at) * strip
         y0 = int(rng.integers(0, size - extent + 1))
         draw(SHAPES[shapes[k]], list(COLOURS.values())[colours[k]], (x0, y0, x0 + extent - 1, y0 + extent - 1), canvas)
-    asked = int(rng.integers(2))
+    asked = int(rng.integers(n_shapes))
     shape, colour = SHAPES[shapes[asked]], list(COLOURS)[colours[asked]]
     if rng.random() < 0.5:
         return image, f"what colour is the {shape}?", colour
@@ -85,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="a new directory for the set")
     parser.add_argument("--n", type=int, default=2000, help="examples (one image each)")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels")
+    parser.add_argument("--shapes", type=int, choices=(1, 2), default=2,
+                        help="shapes per image: 2 asks the model to bind a colour to a shape; 1 is the easy set")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.out.exists():
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "images").mkdir(parents=True)
     lines = []
     for i in range(args.n):
-        image, question, answer = example(rng, args.size)
+        image, question, answer = example(rng, args.size, args.shapes)
         image.save(args.out / "images" / f"{i:05d}.png")
         lines.append({"image": f"images/{i:05d}.png", "prefix": question, "suffix": answer})
     (args.out / "data.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))

@@ -258,17 +258,22 @@ def shape_of(image, rgb):
 
 def test_shapes_vqa_is_deterministic_answerable_from_the_image_and_loads(tmp_path, capsys):
     vqa = shapes_vqa()
-    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        assert vqa.main(["--out", str(tmp_path / name), "--n", "12", "--size", "32", "--seed", str(seed)]) == 0
+    for name, seed, shapes in (("a", 0, 2), ("b", 0, 2), ("c", 1, 2), ("one", 0, 1)):
+        assert vqa.main(["--out", str(tmp_path / name), "--n", "12", "--size", "32", "--seed", str(seed),
+                         "--shapes", str(shapes)]) == 0
     files = {name: {p.relative_to(tmp_path / name): p.read_bytes() for p in sorted((tmp_path / name).rglob("*.*"))}
-             for name in "abc"}
+             for name in ("a", "b", "c")}
     assert files["a"] == files["b"] and files["a"] != files["c"]
-    for line in (tmp_path / "a" / "data.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        words = e["prefix"].rstrip("?").split()
-        shape, colour = (words[-1], e["suffix"]) if words[1] == "colour" else (e["suffix"], words[-1])
-        assert shape_of(np.asarray(Image.open(tmp_path / "a" / e["image"])), vqa.COLOURS[colour]) == shape, e
-    keys = dict(kv.split("=") for kv in capsys.readouterr().out.split())
+    for name in ("a", "one"):
+        for line in (tmp_path / name / "data.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            words = e["prefix"].rstrip("?").split()
+            shape, colour = (words[-1], e["suffix"]) if words[1] == "colour" else (e["suffix"], words[-1])
+            image = np.asarray(Image.open(tmp_path / name / e["image"]))
+            assert shape_of(image, vqa.COLOURS[colour]) == shape, e
+            drawn = {c for c, rgb in vqa.COLOURS.items() if (image == rgb).all(axis=-1).any()}
+            assert len(drawn) == (2 if name == "a" else 1), (e, drawn)
+    keys = dict(kv.split("=") for kv in capsys.readouterr().out.splitlines()[0].split())
     cfg = config(keys["data.source"], tokenizer=keys["data.tokenizer"], image_token_id=int(keys["model.image_token_id"]),
                  image_size=32, patch_size=8, seq_len=40, val_fraction=0.25)
     source = sources.open_source(cfg)
