@@ -23,6 +23,7 @@ QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers 
 LOSS_SCALES = ("dynamic", "none")  # precision.loss_scale, when not a number
 LR_SCHEDULES = ("cosine", "constant")  # optim.schedule: after warmup
 DISTRIBUTED = ("auto", "off")  # mesh.distributed
+NORMALIZATIONS = ("identity", "mean_std", "min_max", "quantiles", "quantile10")  # data.norm_state, norm_action: LeRobot's modes
 RESUMES = ("auto", "never")  # train.resume
 EXPORT_FORMATS = ("safetensors", "hf", "peft")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`

@@ -69,26 +69,53 @@ def is_factory(source: str) -> bool:
     return re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", source) is not None
 
 
+def is_lerobot(source: str) -> bool:
+    """data.source=lerobot:DIR names a LeRobot dataset (tested before `is_factory`, which the
+    same text would match)."""
+    return source.startswith("lerobot:")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    #                         | a .jsonl/.parquet file of examples (images and text: zerojax.data.images)
     #                         | module:factory (a source of your own: zerojax.data.sources)
-    val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    val_fraction: float = 0.1  # tail of the corpus (or of the examples) held out for evaluation
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
+    # data.source=lerobot:DIR (zerojax.data.lerobot); the defaults are LeRobot's pi0
+    action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (LeRobot's chunk_size)
+    image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1]
+    prompt_len: int = 48  # the task prompt's tokens, truncated or padded (LeRobot's tokenizer_max_length)
+    norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
+    norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
+    cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
 
     def __post_init__(self):
-        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy")
+        if is_lerobot(self.source):
+            return _check_lerobot(self)
+        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy", ".jsonl", ".parquet")
                 and not is_factory(self.source)):
             raise ConfigError(
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "a .bin/.npy token file, or module:factory (a source of your own)"
+                "a .bin/.npy token file, a .jsonl/.parquet file of examples, or module:factory (a source of your own)"
             )
-        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt"
+        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix in (".bin", ".npy")
                 and not is_factory(self.source)):
-            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt file or a file of examples); "
                               f"data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+
+
+def _check_lerobot(d: DataConfig) -> None:
+    if not d.source[len("lerobot:"):]:
+        raise ConfigError("data.source=lerobot: names no directory; give data.source=lerobot:DIR (a LeRobot dataset)")
+    for key in ("action_horizon", "image_size", "prompt_len"):
+        _at_least(f"data.{key}", getattr(d, key), 1)
+    for key in ("norm_state", "norm_action"):
+        _choice(f"data.{key}", getattr(d, key), rules.NORMALIZATIONS)
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={d.val_fraction} must be in [0, 1): the share of episodes held out")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,6 +2,8 @@
 
     corpus.py    token corpora (the stdlib's sources, .txt, .bin, .npy, tokenized text) and
                  their rows: int32 [B, T+1]
+    images.py    image data (.jsonl / .parquet of image, prefix, suffix) for a vision-language
+                 family, as PaliGemmaProcessor makes it: tokens, pixel_values, prefix, loss_mask
     sources.py   the source protocol (`Source`): a batch spec and `rows(split, step, rows)`;
                  which source a config reads; the process's share of the rows
 

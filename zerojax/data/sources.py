@@ -5,6 +5,7 @@ A source (one per `data.source` kind, `KINDS`) is opened from the config and has
     vocab_size: int                          # token ids it can hold (checked against the model's)
     spec() -> pytree of Field                # the global batch: shapes [B, ...] and dtypes
     rows(split, step, rows: slice) -> pytree of numpy arrays   # rows `rows` of that batch
+    run_files() -> {name: text}              # optional: files for the run directory (LeRobot: lerobot.json)
 
 `rows` is a pure function of (seed, split, step): the same batch on any mesh and any number of
 processes, each process building only the rows its devices hold (`process_rows`). Every leaf
@@ -21,11 +22,12 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import is_factory
+from zerojax.config.sections import is_factory, is_lerobot
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 
@@ -46,12 +48,26 @@ class Source(Protocol):
 
 
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
-KINDS = {"tokens": "zerojax.data.sources"}
+KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot", "images": "zerojax.data.images"}
+VISION_FAMILIES = ("paligemma",)  # model families whose .jsonl / .parquet data is images and text
 
 
 def kind_of(cfg) -> str:
-    """The kind of source a config reads: `custom` (data.source=module:factory) or a token corpus."""
-    return "custom" if is_factory(cfg.data.source) else "tokens"
+    """The kind of source a config reads: `lerobot` (data.source=lerobot:DIR, tested first: it
+    looks like module:factory), `custom` (data.source=module:factory), examples (a .jsonl or
+    .parquet file: image data for a vision-language family, else chat) or a token corpus."""
+    if is_lerobot(cfg.data.source):
+        return "lerobot"
+    if is_factory(cfg.data.source):
+        return "custom"
+    if Path(cfg.data.source).suffix in (".jsonl", ".parquet"):
+        kind = "images" if cfg.model.family in VISION_FAMILIES else "chat"
+        if kind not in KINDS:
+            raise ConfigError(f"data.source={cfg.data.source!r} is a file of examples, {kind} data for model.family="
+                              f"{cfg.model.family}, which this zerojax cannot read (it reads image data for "
+                              f"model.family={' or '.join(VISION_FAMILIES)})")
+        return kind
+    return "tokens"
 
 
 def batch_spec(cfg):

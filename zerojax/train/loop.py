@@ -194,6 +194,8 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
     if lead:
         out.mkdir(parents=True, exist_ok=True)
         config_lib.dump(cfg, out / "config.yaml")
+        for name, text in getattr(setup.source, "run_files", dict)().items():  # e.g. a LeRobot source's statistics
+            (out / name).write_text(text)
     history, saved_at, stopped = [], start, None
     tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
     mfu, profile = sinks_lib.mfu_of(cfg, engine.mesh), sinks_lib.Profile(cfg)

@@ -1,0 +1,226 @@
+"""LeRobot datasets (data.source=lerobot:DIR) against LeRobot itself: tests/fixtures/lerobot/ holds
+a tiny dataset written by LeRobot 0.4's own LeRobotDataset, and what LeRobot's __getitem__,
+NormalizerProcessorStep and pi0's resize_with_pad made of it (scripts/make_lerobot_dataset.py,
+run in LeRobot's venv). No torch here."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zerojax import cli, config, data
+from zerojax.data import lerobot, sources
+from zerojax.errors import ConfigError
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot"
+REF = dict(np.load(FIXTURE / "reference.npz"))
+INDICES = [int(i) for i in REF["indices"]]
+CAMERAS = ("observation.images.front", "observation.images.wrist")  # video (AV1), images (PNG in the Parquet)
+
+
+def source(*overrides, root=FIXTURE / "tiny"):
+    cfg = config.load(overrides=[f"data.source=lerobot:{root}", f"data.action_horizon={int(REF['horizon'])}",
+                                 f"data.image_size={int(REF['size'])}", "train.global_batch=8", *overrides])
+    return data.open_source(cfg)
+
+
+def test_a_lerobot_source_is_its_own_kind_not_a_module_factory():
+    cfg = config.load(overrides=["data.source=lerobot:mydir"])
+    assert sources.kind_of(cfg) == "lerobot"
+    assert sources.kind_of(config.load(overrides=["data.source=packed_source:build"])) == "custom"
+
+
+def test_items_equal_lerobots_getitem():
+    src = source("data.norm_state=identity", "data.norm_action=identity")
+    items = [src.raw_item(i) for i in INDICES]
+    for key in ("observation.state", "action", "action_is_pad"):
+        np.testing.assert_array_equal(np.stack([it[key] for it in items]), REF[key], err_msg=key)
+    assert [it["task"] for it in items] == REF["task"].tolist()
+    assert REF["action_is_pad"].any() and not REF["action_is_pad"].all()  # the fixture has chunks past an end
+    wrist = np.stack([it["observation.images.wrist"] for it in items])
+    np.testing.assert_array_equal(wrist, REF["observation.images.wrist"])  # PNG: lossless
+    front = np.stack([it["observation.images.front"] for it in items])
+    assert front.shape == REF["observation.images.front"].shape and front.dtype == np.float32
+    np.testing.assert_allclose(front, REF["observation.images.front"], atol=1 / 255)  # the same AV1 stream
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
+def test_normalization_equals_lerobots_processor(mode):
+    src = source(f"data.norm_state={mode}", f"data.norm_action={mode}")
+    items = [src.item(i) for i in INDICES]
+    for key in ("observation.state", "action"):
+        np.testing.assert_array_equal(np.stack([it[key] for it in items]), REF[f"{mode}/{key}"], err_msg=key)
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
+def test_actions_come_back_as_lerobots_unnormalizer_gives_them(mode):
+    stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
+    back = lerobot.unnormalize(REF[f"{mode}/action"], stats["action"], mode)
+    np.testing.assert_array_equal(back, REF[f"{mode}/unnormalized/action"])
+    assert not np.array_equal(back, REF[f"{mode}/action"])
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
+def test_a_constant_feature_is_normalized_as_lerobot_does(mode, tmp_path):
+    root = copy_fixture(tmp_path)  # the gripper constant: std 0, min = max, ... (LeRobot's eps paths)
+    shutil.copy(FIXTURE / "degenerate_stats.json", root / "meta" / "stats.json")
+    src = source(f"data.norm_state={mode}", "data.norm_action=identity", root=root)
+    state = np.stack([src.item(i)["observation.state"] for i in INDICES])
+    np.testing.assert_array_equal(state, REF[f"degenerate/{mode}/observation.state"])
+
+
+def test_images_are_resized_with_padding_as_pi0_in_minus_one_to_one():
+    src = source()
+    size = int(REF["size"])
+    for camera in CAMERAS:
+        images = np.stack([src.item(i)[camera] for i in INDICES])
+        assert images.shape == (len(INDICES), 3, size, size)
+        ours_from_theirs = np.stack([lerobot.frames.resize_with_pad(x * 2 - 1, size)
+                                     for x in REF[camera]])  # our resize of LeRobot's pixels
+        np.testing.assert_allclose(ours_from_theirs, REF[f"resized/{camera}"], atol=2e-6, err_msg=camera)  # float32 rounding
+        np.testing.assert_allclose(images, REF[f"resized/{camera}"], atol=2 / 255 + 1e-6, err_msg=camera)
+        assert images.min() >= -1 and images.max() <= 1
+    front = np.stack([src.item(i)[CAMERAS[0]] for i in INDICES])  # 24x32 -> 15x20 inside 20x20
+    assert (front[:, :, :2] == -1).all() and (front[:, :, -3:] == -1).all() and (front[:, :, 2:-3] > -1).any()
+
+
+def test_prompts_are_the_task_and_a_newline_tokenized_and_padded(tmp_path):
+    src = source("data.prompt_len=24")
+    for i, task in zip(INDICES, REF["task"]):
+        item = src.item(i)
+        ids = list((task + "\n").encode())
+        np.testing.assert_array_equal(item["tokens"], ids[:24] + [0] * (24 - len(ids[:24])))
+        np.testing.assert_array_equal(item["token_mask"], np.arange(24) < len(ids))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for t in REF["task"] for w in t.split()})
+    tok = Tokenizer(models.WordLevel({w: k + 1 for k, w in enumerate(words)} | {"[UNK]": len(words) + 1}, "[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    src = source("data.prompt_len=3", f"data.tokenizer={tmp_path}")
+    assert src.vocab_size == len(words) + 1  # the words and [UNK]
+    item = src.item(INDICES[0])
+    np.testing.assert_array_equal(item["tokens"], tok.encode(REF["task"][0]).ids[:3])  # truncated
+    assert item["token_mask"].all()
+
+
+def test_rows_are_a_pure_function_of_seed_split_and_step_and_of_no_slice():
+    src = source()
+    batch = src.rows(data.TRAIN, 3, slice(None))
+    spec = src.spec()
+    assert set(batch) == set(spec) == {"observation.state", *CAMERAS, "action", "action_is_pad", "tokens", "token_mask"}
+    for key, field in spec.items():
+        assert batch[key].shape == field.shape and batch[key].dtype == np.dtype(field.dtype), key
+    again = source()  # a fresh source, asked out of order (the background thread guessed step 4)
+    for step, rows in ((5, slice(None)), (3, slice(2, 6)), (3, slice(None))):
+        part = again.rows(data.TRAIN, step, rows)
+        want = batch if step == 3 else src.rows(data.TRAIN, 5, slice(None))
+        for key in spec:
+            np.testing.assert_array_equal(part[key], want[key][rows], err_msg=f"{key} step {step} rows {rows}")
+    other = source("train.seed=1").rows(data.TRAIN, 3, slice(None))
+    assert not np.array_equal(other["observation.state"], batch["observation.state"])
+    assert not np.array_equal(src.rows(data.TRAIN, 4, slice(None))["observation.state"], batch["observation.state"])
+
+
+def test_the_last_episodes_are_held_out_for_evaluation():
+    src = source("data.val_fraction=0.34")  # 3 episodes: the last one held out
+    ds = src.dataset
+    train, held = src.split_frames
+    assert set(ds.episode[np.searchsorted(ds.index, held)]) == {2}
+    assert set(ds.episode[np.searchsorted(ds.index, train)]) == {0, 1}
+    train_all, eval_all = source("data.val_fraction=0").split_frames
+    np.testing.assert_array_equal(train_all, eval_all)
+
+
+def copy_fixture(tmp_path):
+    root = tmp_path / "dataset"
+    shutil.copytree(FIXTURE / "tiny", root)
+    return root
+
+
+def edit_json(path, edit):
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def edit_episode(root, episode, name, change):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = next((root / "meta" / "episodes").glob("*/*.parquet"))
+    table = pq.read_table(path)
+    column = table.column(name)
+    edited = pc.if_else(pc.equal(table.column("episode_index"), episode), pc.add(column, change), column)
+    pq.write_table(table.set_column(table.column_names.index(name), name, edited), path)
+
+
+def cut_short(path, size):
+    path.write_bytes(path.read_bytes()[:size])  # its headers still claim every frame
+
+
+BAD = {
+    "no info.json": (lambda root: (root / "meta" / "info.json").unlink(), [], "no meta/info.json in it"),
+    "a codebase version": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v2.1")),
+                           [], "codebase_version 'v2.1' is not supported; zerojax reads v3.0"),
+    "a missing feature": (lambda root: None, ["data.cameras=top"],
+                          "no feature 'observation.images.top', which data.source=lerobot needs (data.cameras); its "
+                          "features: observation.state, action, observation.images.front, observation.images.wrist"),
+    "missing statistics": (lambda root: edit_json(root / "meta" / "stats.json", lambda d: d["action"].pop("q01")),
+                           ["data.norm_action=quantiles"], "no q01 statistics for 'action' (data.norm_action=quantiles"),
+    "an undecodable time": (lambda root: edit_episode(root, 2, "videos/observation.images.front/from_timestamp", 30.0), [],
+                            "episode 2 needs its observation.images.front frame at t=31.5"),
+    "a feature's shape": (lambda root: edit_json(root / "meta" / "info.json",
+                                                 lambda d: d["features"]["action"].update(shape=[3])), [],
+                          "the data files' 'action' holds 2 numbers a frame; meta/info.json says shape [3]"),
+    "an episode's frames": (lambda root: edit_episode(root, 0, "dataset_to_index", 1), [],
+                            "episode 0 spans dataset indices [0, 7) in meta/episodes, but the data files hold 6 of its 7"),
+    "a cut-short video": (lambda root: cut_short(next((root / "videos").rglob("*.mp4")), 1500), [],
+                          ("observation.images.front, episode 2: ", "has no frame at t=1.8000 s")),
+    "not a video": (lambda root: next((root / "videos").rglob("*.mp4")).write_bytes(b"\0" * 100), [],
+                    "file-000.mp4: not a video PyAV can open"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, tmp_path, capsys):
+    root = copy_fixture(tmp_path)
+    damage, overrides, message = BAD[case]
+    damage(root)
+    out = tmp_path / "run"
+    code = cli.main(["train", f"data.source=lerobot:{root}", f"train.out_dir={out}", "train.steps=1", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    messages = message if isinstance(message, tuple) else (message,)
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:"), err
+    assert all(m in err[0] for m in messages), err
+    assert not out.exists()
+
+
+def test_a_frame_the_video_does_not_have_names_the_episode_and_time():
+    src = source()
+    ds = src.dataset
+    ep = ds.episodes[1]
+    path, start = ep.videos[CAMERAS[0]]
+    ep.videos[CAMERAS[0]] = (path, start + 0.05)  # half a frame off: no frame within LeRobot's tolerance
+    with pytest.raises(ConfigError, match=r"observation.images.front, episode 1: .* has no frame at t=0\.6500 s "
+                                          r"\(the nearest frame is at 0\.\d+ s"):
+        src.raw_item(int(ep.start))
+
+
+def test_a_run_keeps_the_statistics_beside_its_checkpoints(tmp_path):
+    # gpt reads the batch's `tokens` (the prompts) as its text: the run is here for what it
+    # writes, and for the batch going through the sharded step on 8 devices.
+    out = tmp_path / "run"
+    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles",
+                     "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16", "model.d_model=32",
+                     "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "model.seq_len=16", "train.steps=1",
+                     "train.global_batch=8", "train.eval_every=0", "train.ckpt_every=0", f"train.out_dir={out}"])
+    assert code == 0
+    doc = json.loads((out / "lerobot.json").read_text())
+    stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
+    assert doc["normalization"]["action"] == {"mode": "quantiles", "q01": stats["action"]["q01"],
+                                              "q99": stats["action"]["q99"]}
+    assert doc["normalization"]["observation.state"]["mode"] == "mean_std"
+    assert list(doc["features"]) == ["observation.state", *CAMERAS, "action"] and doc["action_horizon"] == 2
