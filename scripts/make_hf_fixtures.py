@@ -31,6 +31,13 @@ Outputs (committed, a few hundred KB in all) in tests/fixtures/hf/:
                             single model.safetensors
     <name>.logits.safetensors   tensors "tokens" int32 [2,12] and
                                 "logits" float32 [2,12,256]
+    paligemma/              PaliGemmaForConditionalGeneration: SigLIP (16x16 images, 4x4
+                            patches: 16 image tokens, width 32, 2 layers) and the tiny
+                            Gemma above; image token 255; single model.safetensors
+    paligemma.logits.safetensors  "tokens" int32 [2,24] (16 image tokens, then text),
+                            "pixel_values" float32 [2,3,16,16], "token_type_ids" int32
+                            [2,24] (0: image and prompt, 1: answer), "logits" (with
+                            token_type_ids: prefix-LM) and "logits_causal" (without)
 
 Optional larger random checkpoints for memory benchmarks (NOT committed):
 
@@ -51,7 +58,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          PaliGemmaConfig, PaliGemmaForConditionalGeneration)
 from transformers.utils import logging as hf_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -199,6 +207,54 @@ TINY_FIXTURES = {
 }
 
 
+PALIGEMMA_IMAGE_TOKEN = VOCAB - 1
+PALIGEMMA_IMAGE, PALIGEMMA_PATCH = 16, 4  # 16 image tokens
+
+
+def paligemma_config() -> PaliGemmaConfig:
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, image_size=PALIGEMMA_IMAGE, patch_size=PALIGEMMA_PATCH,
+                  layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh", vision_use_head=False)
+    text = {**gemma_config().to_dict(), "model_type": "gemma"}
+    return PaliGemmaConfig(vision_config=vision, text_config=text, image_token_index=PALIGEMMA_IMAGE_TOKEN,
+                           vocab_size=VOCAB, projection_dim=32, hidden_size=32, attn_implementation="eager")
+
+
+def paligemma_inputs() -> dict:
+    """Fixed inputs of their own generator: per row 16 image tokens, then 8 text tokens (never the
+    image token), the first 3 (row 0) or 5 (row 1) of them the prompt (token_type_ids 0)."""
+    g = torch.Generator().manual_seed(2)
+    n_image = (PALIGEMMA_IMAGE // PALIGEMMA_PATCH) ** 2
+    text = torch.randint(0, PALIGEMMA_IMAGE_TOKEN, (2, 8), generator=g)
+    tokens = torch.cat([torch.full((2, n_image), PALIGEMMA_IMAGE_TOKEN), text], dim=1)
+    token_type_ids = torch.ones_like(tokens)
+    for row, prompt in enumerate((3, 5)):
+        token_type_ids[row, : n_image + prompt] = 0
+    pixel_values = torch.randn(2, 3, PALIGEMMA_IMAGE, PALIGEMMA_IMAGE, generator=g)
+    return {"tokens": tokens, "pixel_values": pixel_values, "token_type_ids": token_type_ids}
+
+
+def make_paligemma_fixture() -> None:
+    model = build(PaliGemmaForConditionalGeneration, paligemma_config(), TINY_WEIGHT_STD)
+    save_checkpoint(model, FIXTURE_DIR / "paligemma")
+    inputs = paligemma_inputs()
+    with torch.no_grad():
+        logits = model(input_ids=inputs["tokens"], pixel_values=inputs["pixel_values"],
+                       token_type_ids=inputs["token_type_ids"]).logits.contiguous()
+        causal = model(input_ids=inputs["tokens"], pixel_values=inputs["pixel_values"]).logits.contiguous()
+    assert logits.dtype == torch.float32 and logits.shape == (*inputs["tokens"].shape, VOCAB)
+    save_file({"tokens": inputs["tokens"].to(torch.int32).contiguous(), "pixel_values": inputs["pixel_values"],
+               "token_type_ids": inputs["token_type_ids"].to(torch.int32).contiguous(), "logits": logits,
+               "logits_causal": causal}, str(FIXTURE_DIR / "paligemma.logits.safetensors"))
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"paligemma: {n_params} params, logits std {logits.std():.3f}, prefix-LM vs causal differ by "
+          f"{(logits - causal).abs().max():.3f} -> {FIXTURE_DIR / 'paligemma'}")
+
+
+# name -> a function that writes the fixture (inputs beyond tokens)
+MULTIMODAL_FIXTURES = {"paligemma": make_paligemma_fixture}
+
+
 def build(model_cls, config, weight_std: float) -> torch.nn.Module:
     # Seed per model, so each fixture is reproducible on its own and adding a
     # fixture never changes the others.
@@ -222,6 +278,9 @@ def make_tiny_fixtures(only: list[str] | None = None) -> None:
         )
         n_params = sum(p.numel() for p in model.parameters())
         print(f"{name}: {n_params} params, logits std {logits.std():.3f} -> {FIXTURE_DIR / name}")
+    for name, make in MULTIMODAL_FIXTURES.items():
+        if not only or name in only:
+            make()
 
 
 def make_benchmark_checkpoint(model_cls, config, out_dir: Path, max_shard_size: str | None) -> None:
@@ -241,7 +300,7 @@ def main() -> None:
                         help="also write a random ~125M Llama (GQA) checkpoint, sharded at 200MB, into DIR")
     parser.add_argument("--skip-tiny", action="store_true",
                         help="do not (re)write tests/fixtures/hf")
-    parser.add_argument("--only", action="append", choices=sorted(TINY_FIXTURES), metavar="NAME",
+    parser.add_argument("--only", action="append", choices=sorted(TINY_FIXTURES | MULTIMODAL_FIXTURES), metavar="NAME",
                         help="(re)write only this tiny fixture (repeatable); default: all of them")
     args = parser.parse_args()
 

@@ -78,6 +78,7 @@ def transient_estimate(cfg, engine, b_gather: int, b_reduce: int) -> dict:
     def block_vjp(name):  # x as its own cotangent (float0 for integer leaves: positions, segment ids)
         return lambda w, x: jax.vjp(lambda w, x: units.block(name, w, x), w, x)[1](cotangent_like(x))
 
+    # allow_int: a stream's integer and bool leaves (positions, prefix) pass through with no gradient
     exit_grad = jax.grad(lambda w, x, batch: units.exit(w, x, batch)[0], argnums=(0, 1), allow_int=True)
     last = units.names[-1]
     # One block's backward working set, or the loss's: XLA never holds both at once.

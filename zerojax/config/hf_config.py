@@ -4,6 +4,7 @@ Generic: the families say which keys they read; nothing here names one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import typing
 from pathlib import Path
@@ -41,6 +42,16 @@ def _refuse_variants(hf: dict, where: Path, family: str) -> dict:
     return hf
 
 
+def _coerced(prefix: str, values: dict, cls: type) -> dict:
+    """`values` parsed to `cls`'s field types; a dict for a sub-section (model.vision) stays a
+    dict, its keys parsed to the sub-section's types."""
+    hints, out = typing.get_type_hints(cls), {}
+    for key, value in values.items():
+        nested = dataclasses.is_dataclass(hints[key]) and isinstance(value, dict)
+        out[key] = _coerced(f"{prefix}.{key}", value, hints[key]) if nested else coerce(f"{prefix}.{key}", value, hints[key])
+    return out
+
+
 def hf_model_keys(directory: str) -> dict:
     """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
     cannot be read or describes a model zerojax does not have)."""
@@ -60,9 +71,8 @@ def hf_model_keys(directory: str) -> dict:
     layout = registry.hf_layout(family)
     hf = _refuse_variants(hf, where, family)
     out = {"family": family, **layout.from_hf_config(hf, where)}
-    hints = typing.get_type_hints(ModelConfig)
     try:  # the values must make a model: the same checks as the keys given in YAML
-        out = {k: coerce(f"model.{k}", v, hints[k]) for k, v in out.items()}
+        out = _coerced("model", out, ModelConfig)
         model = ModelConfig(**out)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None

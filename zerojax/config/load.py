@@ -162,14 +162,24 @@ def _from_hugging_face(tree: dict) -> None:
     if not model.get("init_from") or not Path(model["init_from"]).is_dir():
         return
     for key, value in hf_model_keys(model["init_from"]).items():
+        if isinstance(value, dict):  # a sub-section (model.vision): each of its keys must agree
+            section = model.setdefault(key, {})
+            for sub, sub_value in value.items():
+                _agree(f"{key}.{sub}", section.get(sub), sub_value, model["init_from"])
+                section[sub] = sub_value
+            continue
         given = model.get(key)
         if key == "seq_len" and given is not None and given <= value:
             continue  # a shorter context uses the first rows of the position table
-        if given is not None and given != value:
-            raise ConfigError(f"model.{key}={given!r} contradicts {model['init_from']}/config.json, which says "
-                              f"{value!r}; drop the override (or use another checkpoint)")
+        _agree(key, given, value, model["init_from"])
         model[key] = value
     tree["model"] = model
+
+
+def _agree(key: str, given: Any, value: Any, directory: str) -> None:
+    if given is not None and given != value:
+        raise ConfigError(f"model.{key}={given!r} contradicts {directory}/config.json, which says "
+                          f"{value!r}; drop the override (or use another checkpoint)")
 
 
 def to_dict(cfg: Config) -> dict:

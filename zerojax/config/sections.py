@@ -25,8 +25,38 @@ from zerojax.models import registry
 
 
 @dataclass(frozen=True, kw_only=True)
+class VisionConfig:
+    """model.vision: the SigLIP vision tower of model.family=paligemma (ignored by the others)."""
+
+    image_size: int = 32  # side of the square image in pixels (pixel_values [B, 3, image_size, image_size])
+    patch_size: int = 8  # side of a patch; image tokens per image = (image_size / patch_size) ** 2
+    d_model: int = 64  # width of the tower's residual stream (SigLIP's hidden_size)
+    n_layers: int = 2  # encoder layers (units of the FSDP schedule, a stack of their own)
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int = 256  # hidden width of the tower's MLP (intermediate_size)
+    norm_eps: float = 1e-6  # epsilon of the tower's LayerNorms
+
+    def __post_init__(self):
+        for key in ("image_size", "patch_size", "d_model", "n_layers", "n_heads", "d_ff"):
+            _at_least(f"model.vision.{key}", getattr(self, key), 1)
+        _finite("model.vision.norm_eps", self.norm_eps, 0, above=True)
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"model.vision.image_size={self.image_size} is not divisible by model.vision.patch_size="
+                              f"{self.patch_size}: the patches must tile the image; try model.vision.patch_size="
+                              f"{_largest_divisor(self.image_size, self.patch_size)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.vision.d_model={self.d_model} must be divisible by model.vision.n_heads="
+                              f"{self.n_heads}; try model.vision.n_heads={_largest_divisor(self.d_model, self.n_heads)}")
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens per image: one per patch."""
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    family: str = "gpt"  # gpt | llama | gemma | module:factory (a model of your own, README "Bring your own model")
+    family: str = "gpt"  # gpt | llama | gemma | paligemma | module:factory (a model of your own, README "Bring your own model")
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
@@ -40,8 +70,12 @@ class ModelConfig:
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
     tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false, gemma: true)
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
+    vision: VisionConfig = field(default_factory=VisionConfig)  # paligemma: the SigLIP tower (model.vision.*)
+    image_token_id: int = 0  # paligemma: the id of the image token, image_tokens of which open each row (PaliGemma's <image>: 257152)
 
     def __post_init__(self):
+        if isinstance(self.vision, dict):  # ModelConfig(**a saved config's model section)
+            object.__setattr__(self, "vision", VisionConfig(**self.vision))
         if self.family not in registry.FAMILIES and ":" not in self.family:
             raise ConfigError(f"model.family={self.family!r} is not valid; choose one of "
                               f"{', '.join(registry.FAMILIES)}, or module:factory for a model of your own")
@@ -49,6 +83,7 @@ class ModelConfig:
             _at_least(f"model.{key}", getattr(self, key), 1)
         _at_least("model.n_kv_heads", self.n_kv_heads, 0)
         _at_least("model.head_dim", self.head_dim, 0)
+        _at_least("model.image_token_id", self.image_token_id, 0)
         for key in ("rope_theta", "norm_eps"):
             _finite(f"model.{key}", getattr(self, key), 0, above=True)
         _choice("model.remat", self.remat, REMATS)

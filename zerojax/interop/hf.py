@@ -128,7 +128,7 @@ def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple
     path = Path(init_from)
     if path.is_dir():
         layout = registry.hf_layout(family)
-        ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix), layout.tensors
+        ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
     if not path.is_file():

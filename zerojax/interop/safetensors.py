@@ -63,9 +63,10 @@ class SafetensorsFile:
 class Checkpoint:
     """Safetensors file(s), read lazily: name -> shape, and slices on demand."""
 
-    def __init__(self, paths: list[Path], where: str, optional_prefix: str = ""):
+    def __init__(self, paths: list[Path], where: str, optional_prefix: str = "", aliases: dict | None = None):
         self.files, self.shapes, self.where, self.directory = {}, {}, {}, where
         self.optional_prefix = optional_prefix  # a name may be stored without it (`resolve`)
+        self.aliases = aliases or {}  # or with another prefix in place of one of these (`HfLayout.aliases`)
         for path in paths:
             try:
                 handle = SafetensorsFile(path)
@@ -77,7 +78,7 @@ class Checkpoint:
             self.files[path.name] = handle
 
     @classmethod
-    def of_directory(cls, directory: str, optional_prefix: str = "") -> "Checkpoint":
+    def of_directory(cls, directory: str, optional_prefix: str = "", aliases: dict | None = None) -> "Checkpoint":
         """A Hugging Face directory's model.safetensors, or the shards its index names."""
         root = Path(directory)
         index = root / "model.safetensors.index.json"
@@ -89,17 +90,23 @@ class Checkpoint:
             missing = sorted(f for f in set(weight_map.values()) if not (root / f).is_file())
             if missing:
                 raise ConfigError(f"{index} names {missing[0]}, which is not in {directory}")
-            return cls([root / f for f in sorted(set(weight_map.values()))], directory, optional_prefix)
+            return cls([root / f for f in sorted(set(weight_map.values()))], directory, optional_prefix, aliases)
         if (root / "model.safetensors").is_file():
-            return cls([root / "model.safetensors"], directory, optional_prefix)
+            return cls([root / "model.safetensors"], directory, optional_prefix, aliases)
         raise ConfigError(f"model.init_from={directory!r} has no model.safetensors nor model.safetensors.index.json")
 
     def resolve(self, name: str) -> str | None:
-        """The name as stored, which may lack the family's optional prefix (`HfLayout.optional_prefix`)."""
+        """The name as stored, which may lack the family's optional prefix (`HfLayout.optional_prefix`)
+        or hold an alias of one of its prefixes (`HfLayout.aliases`)."""
         if name in self.shapes:
             return name
         bare = name.removeprefix(self.optional_prefix) if self.optional_prefix else name
-        return bare if bare in self.shapes else None
+        if bare in self.shapes:
+            return bare
+        for written, stored in self.aliases.items():
+            if name.startswith(written) and stored + name[len(written):] in self.shapes:
+                return stored + name[len(written):]
+        return None
 
     def read(self, name: str, index: tuple) -> np.ndarray:
         """The fp32 slice `index` (a tuple of slices) of tensor `name`."""

@@ -4,6 +4,7 @@
     registry.py   model.family -> a family's module, or a factory of the user's
     family.py     what a family declares besides its modules: HfLayout, Tensor (no jax)
     gpt.py        GPT-2's layout, llama.py  Llama's (and Mistral's): each with its config rule and HF layout
+    gemma.py      Gemma's, paligemma.py  PaliGemma's (siglip.py's vision tower, then Gemma's layers)
 
 Names are imported on first use, so `zerojax.models.registry` imports no jax.
 """

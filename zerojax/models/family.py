@@ -41,6 +41,9 @@ class HfLayout:
     derived: dict[str, tuple[Callable[[Any], Any], str]] = field(default_factory=dict)
     fan_in_fan_out: bool = False  # PEFT's LoraConfig flag: the adapted layers keep their weight [in, out]
     optional_prefix: str = ""  # a prefix of the tensor names that some published checkpoints drop
+    # tensor-name prefixes as zerojax writes them -> the prefix other writers store instead
+    # (transformers 5 saves PaliGemma's `vision_tower.vision_model.` as `vision_tower.`)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def require(hf: dict, where: str, family: str, keys: list[str]) -> None:

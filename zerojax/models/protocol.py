@@ -97,7 +97,8 @@ class Units:
     outer: Any  # the model without its stacks
     layers: dict  # stack name -> graphdef of one layer
     names: tuple[str, ...]  # the stacks, in the order they run
-    has_logits: bool = False  # the model has `logits(tokens) -> [B, T, V]` (sampling, checks)
+    has_logits: bool = False  # the model has `logits(tokens, ...) -> [B, T, V]` (sampling, checks; a
+    #                           vision model's takes optional extras: paligemma's pixel_values, token_type_ids)
 
     @classmethod
     def of(cls, model) -> "Units":

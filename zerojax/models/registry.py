@@ -14,7 +14,8 @@ from typing import Callable
 
 from zerojax.errors import ConfigError
 
-FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma"}  # model.family -> module
+FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
+            "paligemma": "zerojax.models.paligemma"}  # model.family -> module
 
 
 def family_module(family: str):
