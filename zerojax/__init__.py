@@ -21,6 +21,7 @@ The public API, for scripts and notebooks (each name is imported on first use, s
     quant                                             the quantized gathers' blocks (quantize, encode, ...)
     apply_xla_preset(name)                            XLA flags, before the backend starts
     hf                                                Hugging Face in and out (`hf.load(DIR)`)
+    lerobot                                           LeRobot's π0 checkpoints in (`lerobot.load(DIR)`)
 
 The subpackages, from the bottom up (docs/design.md §3): config, models, parallel, schedules,
 optim, interop, train, analysis, report; `cli` is the command line.
@@ -62,6 +63,7 @@ _API = {  # public name -> (module, attribute)
     "unit_size": ("zerojax.analysis.traced", "unit_size"),
     "quant": ("zerojax.schedules.quant", None),
     "hf": ("zerojax.interop.hf", None),
+    "lerobot": ("zerojax.interop.lerobot", None),
 }
 __all__ = sorted(_API)
 

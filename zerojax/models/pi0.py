@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zerojax.errors import ConfigError
 from zerojax.models import gemma, protocol, siglip
 from zerojax.models.family import Tensor
 from zerojax.models.llama import MLP, _dense, rope
@@ -415,3 +416,28 @@ LEROBOT_TENSORS = {
        for p in ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
        for leaf in ("kernel", "bias")},
 }
+
+
+def shape_of(cfg) -> Shape:
+    """The Shape of a ModelConfig (model.*, model.expert.*, model.action.*)."""
+    a = cfg.action
+    return Shape(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                 n_kv_heads=cfg.n_kv_heads or cfg.n_heads, head_dim=gemma.head_dim_of(cfg), d_ff=cfg.d_ff,
+                 expert_d_model=cfg.expert.d_model, expert_d_ff=cfg.expert.d_ff, horizon=a.horizon,
+                 max_state_dim=a.max_state_dim, max_action_dim=a.max_action_dim,
+                 action_dim=a.action_dim or a.max_action_dim, cameras=a.cameras, prompt_len=a.prompt_len,
+                 norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta)
+
+
+def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Pi0:
+    """The `model.family=pi0` factory."""
+    return Pi0(shape=shape_of(cfg), vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs)
+
+
+def check_config(cfg) -> None:
+    """π0's rules: both experts' heads are Gemma's (an even head dim, no untied head: the VLM's
+    embedding is its lm_head), and the expert's width must hold its time embedding (even)."""
+    gemma.check_config(cfg)
+    if cfg.expert.d_model % 2:
+        raise ConfigError(f"model.expert.d_model={cfg.expert.d_model} must be even: the action tokens' sine-cosine "
+                          "time embedding has one sine and one cosine per frequency")

@@ -15,7 +15,7 @@ from typing import Callable
 from zerojax.errors import ConfigError
 
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
-            "paligemma": "zerojax.models.paligemma"}  # model.family -> module
+            "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0"}  # model.family -> module
 
 
 def family_module(family: str):
