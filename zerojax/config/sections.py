@@ -69,26 +69,38 @@ def is_factory(source: str) -> bool:
     return re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", source) is not None
 
 
+TRAIN_ON = ("assistant", "all")  # data.train_on: the tokens a chat source's loss counts
+TOO_LONG = ("error", "drop")  # data.too_long: what a chat source does with an example over model.seq_len
+ROW_SUFFIXES = (".jsonl", ".parquet")  # sources of rows (zerojax.data.chat; a vision family's: images)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
+    #                         | a .jsonl/.parquet of rows (messages, prompt+completion, or text: zerojax.data.chat)
     #                         | module:factory (a source of your own: zerojax.data.sources)
-    val_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows) held out for evaluation
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
+    train_on: str = "assistant"  # rows: the loss counts the assistant's turns and completions | all (every token)
+    pack: bool = True  # rows: several examples to a row, never attending across (false: one a row, padded)
+    too_long: str = "error"  # rows: an example over model.seq_len + 1 tokens is an error (exit 2) | drop (counted)
 
     def __post_init__(self):
-        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy")
+        suffix = Path(self.source).suffix
+        if (self.source != "stdlib" and suffix not in (".txt", ".bin", ".npy", *ROW_SUFFIXES)
                 and not is_factory(self.source)):
             raise ConfigError(
                 f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "a .bin/.npy token file, or module:factory (a source of your own)"
+                "a .bin/.npy token file, a .jsonl/.parquet of rows, or module:factory (a source of your own)"
             )
-        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix != ".txt"
+        if (self.tokenizer and self.source != "stdlib" and suffix not in (".txt", *ROW_SUFFIXES)
                 and not is_factory(self.source)):
-            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib or a .txt file); "
-                              f"data.source={self.source!r} already holds tokens")
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt or a .jsonl/.parquet "
+                              f"file); data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+        _choice("data.train_on", self.train_on, TRAIN_ON)
+        _choice("data.too_long", self.too_long, TOO_LONG)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -46,12 +47,23 @@ class Source(Protocol):
 
 
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
-KINDS = {"tokens": "zerojax.data.sources"}
+KINDS = {"tokens": "zerojax.data.sources", "chat": "zerojax.data.chat"}
+VISION_FAMILIES = ("paligemma",)  # families whose .jsonl/.parquet rows are images and text
 
 
 def kind_of(cfg) -> str:
-    """The kind of source a config reads: `custom` (data.source=module:factory) or a token corpus."""
-    return "custom" if is_factory(cfg.data.source) else "tokens"
+    """The kind of source a config reads: `custom` (data.source=module:factory), rows of a
+    .jsonl/.parquet file (conversations for a text model, images for a vision one), or a token corpus."""
+    if is_factory(cfg.data.source):
+        return "custom"
+    suffix = Path(cfg.data.source).suffix
+    if suffix in (".jsonl", ".parquet"):
+        kind = "images" if cfg.model.family in VISION_FAMILIES else "chat"
+        if kind not in KINDS:
+            raise ConfigError(f"data.source={cfg.data.source!r}: {suffix} rows for model.family={cfg.model.family} "
+                              f"are a {kind!r} source, which this zerojax does not have (it reads: {', '.join(KINDS)})")
+        return kind
+    return "tokens"
 
 
 def batch_spec(cfg):
