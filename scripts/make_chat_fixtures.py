@@ -24,7 +24,14 @@ Outputs (committed, small) in tests/fixtures/chat/:
                                 wrapped in `{% generation %}` ("marked"); and the error
                                 transformers raises for a conversation the template refuses
     greedy.json                 greedy continuations (`generate(do_sample=False)`, no EOS stop)
-                                of tests/fixtures/hf/llama-gqa for fixed prompts
+                                of tests/fixtures/hf/llama-gqa for fixed prompts; and the greedy
+                                reply (stopping at <|eot_id|>) of llama3/'s model to a user turn
+                                through its chat template
+    llama3/ also holds a tiny random LlamaForCausalLM of the tokenizer's vocabulary (hidden 32,
+                                2 layers, weights as make_hf_fixtures.py draws them): a whole
+                                Hugging Face chat model directory, for the SFT recipe and
+                                `zerojax generate --chat`
+    sft.jsonl                   64 small conversations ({"messages": ...}) for the SFT recipe
 
 Seeded; re-running with the same versions writes the same bytes.
 """
@@ -33,15 +40,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "chat"
+sys.path.insert(0, str(ROOT / "scripts"))  # make_hf_fixtures: the fixtures' weight draw
 
 # Llama-3-8B-Instruct's template, as published.
 LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
@@ -173,6 +183,44 @@ def reference(name: str, tok) -> dict:
     return out
 
 
+def chat_model(tok) -> None:
+    """A tiny random Llama beside llama3's tokenizer, as a chat model's HF directory holds both."""
+    from make_hf_fixtures import TINY_WEIGHT_STD, perturb_
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="eager",
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(config)
+    perturb_(model, TINY_WEIGHT_STD)
+    model.save_pretrained(OUT / "llama3")
+
+
+def chat_reply(tok) -> dict:
+    """transformers' greedy reply of llama3/'s model to one user turn, through the chat template."""
+    model = AutoModelForCausalLM.from_pretrained(OUT / "llama3", dtype=torch.float32, attn_implementation="eager")
+    messages = [{"role": "user", "content": "Name a prime."}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    config = GenerationConfig(do_sample=False, max_new_tokens=12, eos_token_id=tok.eos_token_id, pad_token_id=0)
+    with torch.no_grad():
+        # the attention mask given: without it generate masks every pad_token_id, and BOS is id 0 here
+        tokens = torch.tensor([prompt])
+        ids = model.eval().generate(tokens, attention_mask=torch.ones_like(tokens), generation_config=config)[0].tolist()
+    new = ids[len(prompt):]
+    reply = tok.decode(new[:-1] if new and new[-1] == tok.eos_token_id else new, skip_special_tokens=True)
+    return {"model": "tests/fixtures/chat/llama3", "messages": messages, "max_new_tokens": 12, "prompt": prompt,
+            "new": new, "reply": reply}
+
+
+def sft_rows(n: int = 64) -> list[dict]:
+    words = TEXT.lower().replace(".", "").replace("?", "").split()
+    g = torch.Generator().manual_seed(3)
+    say = lambda k: " ".join(words[i] for i in torch.randint(0, len(words), (k,), generator=g).tolist())  # noqa: E731
+    return [{"messages": [{"role": "user", "content": say(4)}, {"role": "assistant", "content": say(6)}]}
+            for _ in range(n)]
+
+
 def greedy() -> dict:
     folder = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
@@ -181,17 +229,21 @@ def greedy() -> dict:
     runs = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt]), generation_config=config)[0].tolist()
+            tokens = torch.tensor([prompt])
+            ids = model.generate(tokens, attention_mask=torch.ones_like(tokens), generation_config=config)[0].tolist()
             runs.append({"prompt": prompt, "new": ids[len(prompt):]})
     return {"model": "tests/fixtures/hf/llama-gqa", "max_new_tokens": 20, "runs": runs}
 
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    chats = {name: reference(name, save(name)) for name in TOKENIZERS}
+    tokenizers = {name: save(name) for name in TOKENIZERS}
+    chats = {name: reference(name, tok) for name, tok in tokenizers.items()}
     chats["versions"] = {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]}
     (OUT / "chats.json").write_text(json.dumps(chats, indent=1, ensure_ascii=False) + "\n")
-    (OUT / "greedy.json").write_text(json.dumps(greedy(), indent=1) + "\n")
+    chat_model(tokenizers["llama3"])
+    (OUT / "greedy.json").write_text(json.dumps({**greedy(), "chat": chat_reply(tokenizers["llama3"])}, indent=1) + "\n")
+    (OUT / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows()))
     print(f"wrote {OUT}")
 
 

@@ -1,0 +1,89 @@
+"""Generation with a key/value cache (zerojax.train.sample, `zerojax generate`): decoding equals
+the full forward, greedy equals transformers' greedy `generate` (tests/fixtures/chat/greedy.json,
+made by scripts/make_chat_fixtures.py), and `zerojax generate --chat` on a trained run."""
+
+import io
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import ROOT
+from zerojax import cli, config
+from zerojax.interop import hf
+from zerojax.models import registry
+from zerojax.precision import Policy
+from zerojax.train import sample
+
+FAMILIES = {"gpt": [], "llama": ["model.n_kv_heads=1"], "gemma": ["model.n_kv_heads=1", "model.head_dim=8"]}
+CHAT = ROOT / "tests" / "fixtures" / "chat"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prefill_then_one_token_at_a_time_is_the_full_forward(family):
+    cfg = config.load(overrides=[f"model.family={family}", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+                                 "model.d_ff=64", "model.seq_len=16", *FAMILIES[family]])
+    model = registry.build(cfg.model, Policy(), seed=0)
+    graphdef, params = nnx.split(model)
+    prefill = jax.jit(lambda p, t, pos: nnx.merge(graphdef, p).decode(t, pos, 16))
+    step = jax.jit(lambda p, t, pos, cache: nnx.merge(graphdef, p).decode(t, pos, cache))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 12)), jnp.int32)
+    logits, cache = prefill(params, tokens[:, :5], jnp.arange(5)[None])
+    steps = [logits]
+    for t in range(5, 12):
+        logits, cache = step(params, tokens[:, t:t + 1], jnp.array([[t]]), cache)
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), model.logits(tokens), atol=1e-5, rtol=0)
+
+
+def test_greedy_generation_is_transformers_greedy_generate():
+    reference = json.loads((CHAT / "greedy.json").read_text())
+    _, model = hf.load(str(ROOT / reference["model"]))
+    graphdef, params = nnx.split(model)
+    generator = sample.Generator(lambda p: nnx.merge(graphdef, p), params, 64, True, temperature=0.0)
+    for run in reference["runs"]:
+        ids, stats = generator.generate(run["prompt"], reference["max_new_tokens"], seed=0)
+        assert ids[len(run["prompt"]):] == run["new"]
+        assert stats.new_tokens == 20 and stats.tokens_per_s > 0
+    assert len(generator._jitted) == 2  # one prefill, one step: both prompts share the padded shape
+    # a model without `decode` re-runs its window for each token: the same tokens
+    window = sample.Generator(lambda p: nnx.merge(graphdef, p), params, 64, False, temperature=0.0)
+    run = reference["runs"][0]
+    assert window.generate(run["prompt"], 20, seed=0)[0][len(run["prompt"]):] == run["new"]
+
+
+def test_generate_chat_replies_as_transformers_does(monkeypatch, capsys):
+    # A Hugging Face chat model's directory (tests/fixtures/chat/llama3: model, tokenizer, template):
+    # the user's turn through the template, greedy decoding to <|eot_id|>, the reply decoded.
+    reference = json.loads((CHAT / "greedy.json").read_text())["chat"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(reference["messages"][0]["content"] + "\n"))
+    code = cli.main(["generate", str(ROOT / reference["model"]), "--chat", "--temperature", "0",
+                     "--max-new-tokens", str(reference["max_new_tokens"])])
+    out, err = capsys.readouterr()
+    assert code == 0 and out == reference["reply"] + "\n", (out, err)
+    assert f"{len(reference['new'])} new tokens after {len(reference['prompt'])}:" in err and "tokens/s" in err
+
+
+def test_generate_chat_on_a_trained_run_reads_turns_from_stdin(tmp_path, monkeypatch, capsys):
+    rows = [{"messages": [{"role": "user", "content": "seven"}, {"role": "assistant", "content": "eleven"}]}] * 8
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    assert cli.main(["generate", str(tmp_path), "--chat"]) == 2  # a directory without a checkpoint
+    assert "holds no checkpoints/ directory" in capsys.readouterr().err
+    assert cli.main(["train", "--no-progress", f"data.source={tmp_path / 'c.jsonl'}", f"data.tokenizer={CHAT / 'llama3'}",
+                     "model.family=llama", "model.vocab_size=512", "model.d_model=32", "model.n_layers=2",
+                     "model.n_heads=2", "model.d_ff=64", "model.seq_len=32", "train.global_batch=8",
+                     "train.steps=1", "train.eval_every=0", "train.report=false", "mesh.data=1", "zero.stage=0",
+                     f"train.out_dir={run}"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("seven\nand again\n"))
+    assert cli.main(["generate", str(run), "--chat", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) >= 2 and err.count("new tokens after") == 2, (out, err)
+    # the second turn's prompt holds the first exchange: a longer prefill
+    prompts = [int(line.split("new tokens after ")[1].split(":")[0]) for line in err.splitlines() if "after" in line]
+    assert prompts[1] > prompts[0] + 4
