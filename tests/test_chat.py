@@ -180,3 +180,45 @@ def test_a_packed_chat_run_on_8_devices_is_one_devices_run(tmp_path):
     losses, _ = run(common + ["zero.stage=3", "train.grad_accum=2", f"train.out_dir={tmp_path / 'many'}"])
     np.testing.assert_allclose(losses, ref, rtol=1e-5)
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_each_chat_example_packed_has_its_loss_alone(family, tmp_path):
+    # The chat source's rows through a model: an example's masked loss in a packed row is its
+    # loss alone in a padded row of its own (data.pack=false), to 1e-5. (GPT's learned positions
+    # see a position that does not restart; RoPE sees only relative ones.)
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from zerojax.models import protocol, registry
+    from zerojax.precision import Policy
+
+    rows = conversations(12, seed=1)
+    packed = data.open_source(chat_cfg(write_jsonl(tmp_path / "c.jsonl", rows), "data.val_fraction=0.01", seq_len=128))
+    alone = data.open_source(chat_cfg(str(tmp_path / "c.jsonl"), "data.pack=false", "data.val_fraction=0.01",
+                                      seq_len=128))
+    cfg = chat_cfg(str(tmp_path / "c.jsonl"), "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+                   "model.d_ff=64", f"model.family={family}", seq_len=128)
+    model = registry.build(cfg.model, Policy(), seed=0)
+    units, params = protocol.Units.of(model), nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    loss = jax.jit(lambda batch: protocol.forward(units, params, batch))
+    lengths = (alone.train.segment_ids == 1).sum(axis=1)
+
+    def alone_row(ids):  # the unpacked row of an example (one that ends a packed row lost its last input)
+        return next(r for r in range(len(alone.train)) if lengths[r] in (len(ids), len(ids) + 1)
+                    and alone.train.tokens[r, :len(ids)].tolist() == ids.tolist())
+
+    p, checked = packed.train, 0
+    for r in range(len(p)):
+        for k in range(1, p.segment_ids[r].max() + 1):
+            at = p.segment_ids[r] == k
+            one = alone_row(p.tokens[r, :-1][at])
+            mine = {"tokens": p.tokens[r:r + 1], "loss_mask": (p.loss_mask[r] & at)[None],
+                    "segment_ids": p.segment_ids[r:r + 1], "positions": p.positions[r:r + 1]}
+            theirs = {f: getattr(alone.train, f)[one:one + 1] for f in ("tokens", "loss_mask", "segment_ids", "positions")}
+            (a, wa), (b, wb) = loss(jax.tree.map(jnp.asarray, mine)), loss(jax.tree.map(jnp.asarray, theirs))
+            assert float(wa) == float(wb) > 0
+            np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
+            checked += 1
+    assert checked == 11 and p.segment_ids.max() >= 3
