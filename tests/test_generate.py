@@ -68,17 +68,16 @@ def test_generate_chat_replies_as_transformers_does(monkeypatch, capsys):
     assert f"{len(reference['new'])} new tokens after {len(reference['prompt'])}:" in err and "tokens/s" in err
 
 
-def test_generate_chat_on_a_trained_run_reads_turns_from_stdin(tmp_path, monkeypatch, capsys):
-    rows = [{"messages": [{"role": "user", "content": "seven"}, {"role": "assistant", "content": "eleven"}]}] * 8
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+def test_the_sft_recipe_then_generate_chat_on_its_run(tmp_path, monkeypatch, capsys):
+    # configs/sft-llama.yaml (its fixture paths made absolute: the chat fixture model, packed chat rows, ZeRO-3 on 8
+    # devices), two steps; then `zerojax generate RUN_DIR --chat` reads two turns from stdin.
     run = tmp_path / "run"
     assert cli.main(["generate", str(tmp_path), "--chat"]) == 2  # a directory without a checkpoint
     assert "holds no checkpoints/ directory" in capsys.readouterr().err
-    assert cli.main(["train", "--no-progress", f"data.source={tmp_path / 'c.jsonl'}", f"data.tokenizer={CHAT / 'llama3'}",
-                     "model.family=llama", "model.vocab_size=512", "model.d_model=32", "model.n_layers=2",
-                     "model.n_heads=2", "model.d_ff=64", "model.seq_len=32", "train.global_batch=8",
-                     "train.steps=1", "train.eval_every=0", "train.report=false", "mesh.data=1", "zero.stage=0",
-                     f"train.out_dir={run}"]) == 0
+    assert cli.main(["train", "--no-progress", "--config", str(ROOT / "configs" / "sft-llama.yaml"), "train.steps=2",
+                     f"model.init_from={CHAT / 'llama3'}", f"data.tokenizer={CHAT / 'llama3'}",  # tests run elsewhere
+                     f"data.source={CHAT / 'sft.jsonl'}", "model.seq_len=64", "train.global_batch=8", "train.eval_every=0", "train.ckpt_every=2", "train.report=false", f"train.out_dir={run}"]) == 0
+    assert (run / "sample.txt").read_text()  # the end-of-run sample: a reply through the chat template
     capsys.readouterr()
     monkeypatch.setattr(sys, "stdin", io.StringIO("seven\nand again\n"))
     assert cli.main(["generate", str(run), "--chat", "--max-new-tokens", "4", "--temperature", "0"]) == 0

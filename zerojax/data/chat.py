@@ -64,7 +64,18 @@ def open(cfg) -> "ChatSource":  # noqa: A001 - the kind module's protocol name
     train = pack(examples[:-n_val], T1, d.pack, cfg.train.seed)
     val = pack(examples[-n_val:], T1, d.pack, cfg.train.seed)
     return ChatSource(train, val, encoder.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.train.global_batch,
-                      d.tokenizer, encoder.template)
+                      d.tokenizer, encoder.template, opening(rows) if encoder.template else None)
+
+
+def opening(rows: list[tuple[int, dict]]) -> tuple | None:
+    """The last conversation's turns before its first assistant turn (the end-of-run sample's
+    prompt), or None when no row holds one."""
+    for _, row in reversed(rows):
+        messages = row.get("messages") if isinstance(row, dict) else None
+        first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant"), 0)
+        if first:
+            return tuple(messages[:first])
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,6 +313,7 @@ class ChatSource:
     global_batch: int
     tokenizer: str  # data.tokenizer ("" = bytes)
     template: ChatTemplate | None
+    sample_messages: tuple | None = None  # a conversation's opening, for the end-of-run sample
 
     def spec(self) -> dict:
         return fields(self.global_batch, self.seq_len)

@@ -179,9 +179,15 @@ def load_for_generation(source: str, step: int | None = None) -> Loaded:
                   f"{source} (step {step}, {saved['model']['family']})")
 
 
-def chat_turns(generator: Generator, tokenizer: str, lines, n_new: int, seed: int):
-    """A conversation through the tokenizer's chat template: each line a user turn; yields
-    (reply, Stats) for each, the whole conversation prefilled again each turn."""
+@dataclass(frozen=True)
+class ChatTokenizer:
+    tok: object  # tokenizers.Tokenizer
+    template: object  # data.template.ChatTemplate
+    stop: tuple[int, ...]  # the template's eos_token, where the tokenizer has it
+
+
+def chat_tokenizer(tokenizer: str) -> ChatTokenizer:
+    """The tokenizer and its chat template, for conversations (ConfigError where it has none)."""
     from zerojax.data import template as template_lib
     from zerojax.data.corpus import tokenizer_file
     from zerojax.errors import ConfigError
@@ -189,28 +195,47 @@ def chat_turns(generator: Generator, tokenizer: str, lines, n_new: int, seed: in
     if not tokenizer:
         raise ConfigError("--chat needs a tokenizer with a chat template; this model reads bytes (no data.tokenizer)")
     folder = tokenizer_file(tokenizer).parent
-    config = template_lib.tokenizer_config(folder)
-    template = template_lib.load_template(folder, config)
+    template = template_lib.load_template(folder, template_lib.tokenizer_config(folder))
     if template is None:
         raise ConfigError(f"--chat: the tokenizer in {folder} has no chat template (no chat_template.jinja, no "
                           "chat_template in tokenizer_config.json); use --prompt TEXT")
     tok = load_tokenizer(tokenizer)
     eos = template.specials.get("eos_token")
-    stop = () if eos is None or tok.token_to_id(eos) is None else (tok.token_to_id(eos),)
+    return ChatTokenizer(tok, template, () if eos is None or tok.token_to_id(eos) is None else (tok.token_to_id(eos),))
+
+
+def reply(generator: Generator, chat: ChatTokenizer, messages: list[dict], n_new: int, seed: int):
+    """The assistant's next turn: (text, Stats), the conversation rendered with the generation
+    prompt and tokenized as transformers' apply_chat_template does, decoded to the stop token."""
+    from zerojax.data.template import TemplateError
+    from zerojax.errors import ConfigError
+
+    try:
+        text, _ = chat.template.render(messages, add_generation_prompt=True)
+    except TemplateError as err:
+        raise ConfigError(f"the chat template ({chat.template.where}) refused the conversation: {err}") from None
+    prompt = chat.tok.encode(text, add_special_tokens=False).ids
+    ids, stats = generator.generate(prompt, n_new, seed, chat.stop)
+    new = ids[len(prompt):]
+    return chat.tok.decode(new[:-1] if new and new[-1] in chat.stop else new), stats
+
+
+def chat_turns(generator: Generator, tokenizer: str, lines, n_new: int, seed: int):
+    """A conversation: each line a user turn; yields (reply, Stats) for each, the whole
+    conversation prefilled again each turn."""
+    chat = chat_tokenizer(tokenizer)
     messages: list[dict] = []
     for line in lines:
         messages.append({"role": "user", "content": line.rstrip("\n")})
-        try:
-            text, _ = template.render(messages, add_generation_prompt=True)
-        except template_lib.TemplateError as err:
-            raise ConfigError(f"--chat: the chat template ({template.where}) refused turn {len(messages) // 2 + 1}: "
-                              f"{err}") from None
-        prompt = tok.encode(text, add_special_tokens=False).ids
-        ids, stats = generator.generate(prompt, n_new, seed, stop)
-        new = ids[len(prompt):]
-        reply = tok.decode(new[:-1] if new and new[-1] in stop else new)
-        messages.append({"role": "assistant", "content": reply})
-        yield reply, stats
+        text, stats = reply(generator, chat, messages, n_new, seed)
+        messages.append({"role": "assistant", "content": text})
+        yield text, stats
+
+
+def sample_reply(generator: Generator, source, seed: int, n_new: int = 64) -> str:
+    """The end-of-run sample of a chat source: the model's reply to the opening of its last
+    conversation (`source.sample_messages`), through the chat template."""
+    return reply(generator, chat_tokenizer(source.tokenizer), list(source.sample_messages), n_new, seed)[0]
 
 
 def continuation(generator: Generator, tokenizer: str, prompt: str, n_new: int, seed: int) -> tuple[str, Stats]:
