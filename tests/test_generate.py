@@ -49,7 +49,7 @@ def test_greedy_generation_is_transformers_greedy_generate():
         ids, stats = generator.generate(run["prompt"], reference["max_new_tokens"], seed=0)
         assert ids[len(run["prompt"]):] == run["new"]
         assert stats.new_tokens == 20 and stats.tokens_per_s > 0
-    assert len(generator._jitted) == 2  # one prefill, one step: both prompts share the padded shape
+    assert set(generator._jitted) == {"step"}  # prompts this short go through the step; the chat test prefills
     # a model without `decode` re-runs its window for each token: the same tokens
     window = sample.Generator(lambda p: nnx.merge(graphdef, p), params, 64, False, temperature=0.0)
     run = reference["runs"][0]

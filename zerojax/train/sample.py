@@ -2,8 +2,9 @@
 run's progress bar.
 
 `Generator` decodes incrementally with a key/value cache: the prompt is prefilled in one call
-(padded to a power of two, so prompts of similar length share one compiled shape), then one
-token per call; each shape is compiled once per Generator. A model without `decode` (a model of
+(padded to a power of two, so prompts of similar length share one compiled shape; a prompt of
+at most FED tokens goes through the one-token step instead), then one token per call; each
+shape is compiled once per Generator. A model without `decode` (a model of
 the user's own with only `logits`) re-runs its window of `seq_len` tokens for every token.
 """
 
@@ -92,10 +93,7 @@ class Generator:
                 token = self._fn("window")(self.params, *self._padded(ids[-self.seq_len:]), sub)
             elif cache is None or position >= self.seq_len:  # the prompt, or a full context restarted
                 context = ids[-self._restart_keep():] if cache is not None else ids[-self.seq_len:]
-                tokens, n = self._padded(context)
-                self._buckets.add(pow2(n, self.seq_len))
-                token, cache = self._fn("prefill")(self.params, tokens[:, : pow2(n, self.seq_len)], n, sub)
-                position = n
+                token, cache, position = self._start(context, sub)
             else:
                 token, cache = self._fn("step")(self.params, np.int32(ids[-1]), np.int32(position), cache, sub)
                 position += 1
@@ -111,17 +109,35 @@ class Generator:
         stats.decode_s = time.perf_counter() - start
         return ids, stats
 
+    def _start(self, context: list[int], key):
+        """(the token after `context`, the cache holding it, the next slot): one padded prefill,
+        or, for at most FED tokens, the one-token step fed each in turn (nothing more to compile)."""
+        if len(context) > FED:
+            tokens, n = self._padded(context)
+            self._buckets.add(pow2(n, self.seq_len))
+            token, cache = self._fn("prefill")(self.params, tokens[:, : pow2(n, self.seq_len)], n, key)
+            return token, cache, n
+        # an empty cache shaped as a prefill's: traced for its shapes, never compiled
+        shapes = jax.eval_shape(self._prefill, self.params, jnp.zeros((1, 1), jnp.int32), 1, key)[1]
+        cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        for position, t in enumerate(context):
+            token, cache = self._fn("step")(self.params, np.int32(t), np.int32(position), cache, key)
+        return token, cache, len(context)
+
     def _restart_keep(self) -> int:
-        """How many of the last tokens a full context keeps: the largest prefill already compiled
-        between an eighth and a half of the context (no new compile: the end-of-run sample runs
-        past its context), else half."""
+        """How many of the last tokens a full context keeps, between an eighth and a half of it,
+        chosen to compile nothing new (the end-of-run sample runs past its context): the longest
+        prefill already compiled, else FED tokens fed through the step, else half."""
         fits = [b for b in self._buckets if self.seq_len // 8 <= b <= self.seq_len // 2]
-        return max(fits, default=self.seq_len // 2)
+        return max(fits, default=FED if self.seq_len // 8 <= FED else self.seq_len // 2)
 
     def _padded(self, context: list[int]) -> tuple[np.ndarray, int]:
         window = np.zeros((1, self.seq_len), np.int32)
         window[0, : len(context)] = context
         return window, len(context)
+
+
+FED = 16  # a context this short is fed through the one-token step: no prefill to compile (the end-of-run sample's)
 
 
 def pow2(n: int, cap: int) -> int:
