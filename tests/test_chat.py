@@ -90,6 +90,16 @@ def test_every_packed_row_comes_once_an_epoch_and_validation_holds_out_rows(tmp_
     assert int((source.val.segment_ids.max(axis=1)).sum()) == 15  # the last quarter of 60 rows
 
 
+def test_val_source_holds_the_evaluation_rows(tmp_path):
+    train, held = write_jsonl(tmp_path / "t.jsonl", conversations(30)), write_jsonl(tmp_path / "v.jsonl", conversations(5, 9))
+    source = data.open_source(chat_cfg(train, f"data.val_source={held}"))
+    assert source.train.segment_ids.max(axis=1).sum() == 30 and source.val.segment_ids.max(axis=1).sum() == 5
+    with pytest.raises(ConfigError, match="data.val_source='v.jsonl' applies to rows"):
+        config.load(overrides=["data.val_source=v.jsonl"])  # data.source=stdlib
+    with pytest.raises(ConfigError, match=r"data.val_source='.*nowhere.jsonl': no such file"):
+        data.open_source(chat_cfg(train, f"data.val_source={tmp_path / 'nowhere.jsonl'}"))
+
+
 def test_unpacked_rows_hold_one_example_and_train_on_all_counts_every_target(tmp_path):
     rows = conversations(20)
     source = data.open_source(chat_cfg(write_jsonl(tmp_path / "c.jsonl", rows), "data.pack=false", "data.train_on=all"))

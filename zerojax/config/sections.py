@@ -80,6 +80,7 @@ class DataConfig:
     #                         | a .jsonl/.parquet of rows (messages, prompt+completion, or text: zerojax.data.chat)
     #                         | module:factory (a source of your own: zerojax.data.sources)
     val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows) held out for evaluation
+    val_source: str = ""  # rows: a .jsonl/.parquet of evaluation rows instead of the tail of data.source
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
     train_on: str = "assistant"  # rows: the loss counts the assistant's turns and completions | all (every token)
     pack: bool = True  # rows: several examples to a row, never attending across (false: one a row, padded)
@@ -99,6 +100,9 @@ class DataConfig:
                               f"file); data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+        if self.val_source and not (suffix in ROW_SUFFIXES and Path(self.val_source).suffix in ROW_SUFFIXES):
+            raise ConfigError(f"data.val_source={self.val_source!r} applies to rows: both it and data.source "
+                              f"({self.source!r}) must be .jsonl or .parquet files")
         _choice("data.train_on", self.train_on, TRAIN_ON)
         _choice("data.too_long", self.too_long, TOO_LONG)
 

@@ -12,7 +12,8 @@ what the assistant writes, from the template's `{% generation %}` blocks, or els
 the conversation turn by turn; the completion; all of a text; `all`: every token). Examples are
 packed several to a row (`data.pack=true`, first fit in a seeded order) with segment ids and
 positions that restart per example, so that attention never crosses an example (the batch
-contract of `zerojax.models.protocol`). The last `data.val_fraction` of the rows is held out.
+contract of `zerojax.models.protocol`). The last `data.val_fraction` of the rows is held out
+(or `data.val_source` holds the evaluation rows).
 Row r of step s's batch is packed row order[(s*B + r) mod N] of a permutation drawn per epoch
 from (seed, split, epoch): every packed row once an epoch, the same on any mesh.
 
@@ -52,19 +53,28 @@ def fields(B: int, T: int) -> dict:
 
 def open(cfg) -> "ChatSource":  # noqa: A001 - the kind module's protocol name
     d = cfg.data
-    rows = read_rows(d.source)
     encoder = Encoder.of(d.tokenizer, d.train_on)
-    examples = [encoder.encode(row, f"data.source={d.source!r} row {n}") for n, row in rows]
-    examples = fitting(examples, [n for n, _ in rows], cfg.model.seq_len, d.too_long, d.source)
-    n_val = max(1, int(len(examples) * d.val_fraction))
-    if len(examples) - n_val < 1:
-        raise ConfigError(f"data.source={d.source!r}: {len(examples)} example(s) leave none to train on after "
-                          f"data.val_fraction={d.val_fraction} holds out {n_val}; give more rows")
+    rows, examples = encoded(d.source, "data.source", encoder, cfg)
+    if d.val_source:  # held-out rows of their own
+        val_examples = encoded(d.val_source, "data.val_source", encoder, cfg)[1]
+    else:
+        n_val = max(1, int(len(examples) * d.val_fraction))
+        if len(examples) - n_val < 1:
+            raise ConfigError(f"data.source={d.source!r}: {len(examples)} example(s) leave none to train on after "
+                              f"data.val_fraction={d.val_fraction} holds out {n_val}; give more rows")
+        examples, val_examples = examples[:-n_val], examples[-n_val:]
     T1 = cfg.model.seq_len + 1
-    train = pack(examples[:-n_val], T1, d.pack, cfg.train.seed)
-    val = pack(examples[-n_val:], T1, d.pack, cfg.train.seed)
+    train = pack(examples, T1, d.pack, cfg.train.seed)
+    val = pack(val_examples, T1, d.pack, cfg.train.seed)
     return ChatSource(train, val, encoder.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.train.global_batch,
                       d.tokenizer, encoder.template, opening(rows) if encoder.template else None)
+
+
+def encoded(source: str, key: str, encoder: "Encoder", cfg) -> tuple[list, list["Example"]]:
+    """(the rows of a file, their examples that fit model.seq_len)."""
+    rows = read_rows(source, key)
+    examples = [encoder.encode(row, f"{key}={source!r} row {n}") for n, row in rows]
+    return rows, fitting(examples, [n for n, _ in rows], cfg.model.seq_len, cfg.data.too_long, source, key)
 
 
 def opening(rows: list[tuple[int, dict]]) -> tuple | None:
@@ -82,10 +92,10 @@ def opening(rows: list[tuple[int, dict]]) -> tuple | None:
 # Rows
 
 
-def read_rows(source: str) -> list[tuple[int, dict]]:
+def read_rows(source: str, key: str = "data.source") -> list[tuple[int, dict]]:
     """(row number, row) of a .jsonl (numbered by line, blank lines skipped) or .parquet file."""
-    path = corpus_lib.source_file(source)
-    where = f"data.source={source!r}"
+    path = corpus_lib.source_file(source, key)
+    where = f"{key}={source!r}"
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -233,13 +243,14 @@ def span_mask(offsets, spans) -> list[bool]:
     return mask
 
 
-def fitting(examples: list[Example], numbers: list[int], seq_len: int, too_long: str, source: str) -> list[Example]:
+def fitting(examples: list[Example], numbers: list[int], seq_len: int, too_long: str, source: str,
+            key: str = "data.source") -> list[Example]:
     """The examples of at most seq_len + 1 tokens (seq_len inputs and their targets)."""
     long = [(len(e.ids), n) for e, n in zip(examples, numbers) if len(e.ids) > seq_len + 1]
     if not long:
         return examples
     size, row = max(long)
-    what = (f"data.source={source!r}: {len(long)} of {len(examples)} examples are longer than model.seq_len + 1 = "
+    what = (f"{key}={source!r}: {len(long)} of {len(examples)} examples are longer than model.seq_len + 1 = "
             f"{seq_len + 1} tokens (the longest, row {row}, has {size})")
     if too_long == "error":
         raise ConfigError(f"{what}; raise model.seq_len, or set data.too_long=drop to leave them out")
