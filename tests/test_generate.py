@@ -56,6 +56,24 @@ def test_greedy_generation_is_transformers_greedy_generate():
     assert window.generate(run["prompt"], 20, seed=0)[0][len(run["prompt"]):] == run["new"]
 
 
+def test_generate_prompt_and_the_sampling_options(capsys):
+    # --prompt on a directory without a tokenizer: bytes in and out, greedy as transformers'.
+    run = json.loads((CHAT / "greedy.json").read_text())["runs"][0]
+    prompt = bytes(run["prompt"]).decode()
+    assert cli.main(["generate", str(ROOT / "tests/fixtures/hf/llama-gqa"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "20"]) == 0
+    assert capsys.readouterr().out == bytes(run["new"]).decode("utf-8", errors="replace") + "\n"
+    for flags, message in ((["--top-p", "0"], "--top-p 0.0 must be in (0, 1]"),
+                           (["--temperature", "-1"], "--temperature -1.0 must be a finite number >= 0")):
+        assert cli.main(["generate", "x", "--prompt", "a", *flags]) == 2
+        assert message in capsys.readouterr().err
+    # nucleus sampling with a tiny top_p keeps the most likely token only; temperature 1 samples
+    logits = jnp.array([0.0, 2.0, 1.0, -1.0])
+    keys = jax.random.split(jax.random.key(0), 64)
+    assert {int(sample.pick(logits, k, 1.0, 1e-3)) for k in keys} == {1}
+    assert len({int(sample.pick(logits, k, 1.0, 1.0)) for k in keys}) >= 3
+
+
 def test_generate_chat_replies_as_transformers_does(monkeypatch, capsys):
     # A Hugging Face chat model's directory (tests/fixtures/chat/llama3: model, tokenizer, template):
     # the user's turn through the template, greedy decoding to <|eot_id|>, the reply decoded.
