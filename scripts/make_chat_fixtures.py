@@ -32,6 +32,9 @@ Outputs (committed, small) in tests/fixtures/chat/:
                                 Hugging Face chat model directory, for the SFT recipe and
                                 `zerojax generate --chat`
     sft.jsonl                   64 small conversations ({"messages": ...}) for the SFT recipe
+    saved/                      its first 8 rows as a Hugging Face `datasets` directory
+                                (Dataset.save_to_disk: state.json and an Arrow stream file);
+                                needs `pip install datasets` in the same venv
 
 Seeded; re-running with the same versions writes the same bytes.
 """
@@ -244,6 +247,10 @@ def main() -> None:
     chat_model(tokenizers["llama3"])
     (OUT / "greedy.json").write_text(json.dumps({**greedy(), "chat": chat_reply(tokenizers["llama3"])}, indent=1) + "\n")
     (OUT / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows()))
+    import datasets
+
+    shutil.rmtree(OUT / "saved", ignore_errors=True)
+    datasets.Dataset.from_list(sft_rows()[:8]).save_to_disk(str(OUT / "saved"))
     print(f"wrote {OUT}")
 
 

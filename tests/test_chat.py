@@ -135,6 +135,18 @@ def test_parquet_rows_are_the_jsonl_rows(tmp_path):
     np.testing.assert_array_equal(a.rows(data.TRAIN, 1, slice(None))["tokens"], b.rows(data.TRAIN, 1, slice(None))["tokens"])
 
 
+def test_a_datasets_directory_holds_the_rows_of_its_jsonl(tmp_path):
+    # tests/fixtures/chat/saved: Dataset.save_to_disk of sft.jsonl's first 8 rows (the `datasets` library's own)
+    saved = chat.read_rows(str(FIXTURES / "saved"))
+    lines = (FIXTURES / "sft.jsonl").read_text().splitlines()[:8]
+    assert [row for _, row in saved] == [json.loads(line) for line in lines]
+    cfg = chat_cfg(str(FIXTURES / "saved"))
+    assert data.sources.kind_of(cfg) == "chat" and data.open_source(cfg).train.segment_ids.max(axis=1).sum() == 7
+    (tmp_path / "state.json").write_text('{"_data_files": [{"filename": "missing.arrow"}]}')
+    with pytest.raises(ConfigError, match=r"not a `datasets` directory pyarrow can read \(FileNotFoundError"):
+        chat.read_rows(str(tmp_path))
+
+
 def test_too_long_examples_are_an_error_or_dropped(tmp_path):
     rows = conversations(20) + [{"text": "seven " * 80}, {"text": "eleven " * 70}]
     source = write_jsonl(tmp_path / "c.jsonl", rows)

@@ -74,35 +74,43 @@ TOO_LONG = ("error", "drop")  # data.too_long: what a chat source does with an e
 ROW_SUFFIXES = (".jsonl", ".parquet")  # sources of rows (zerojax.data.chat; a vision family's: images)
 
 
+def is_rows(source: str) -> bool:
+    """data.source holds rows: a .jsonl/.parquet file, or a Hugging Face `datasets` directory
+    written by save_to_disk (its state.json lists the Arrow files)."""
+    return Path(source).suffix in ROW_SUFFIXES or Path(source, "state.json").is_file()
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
-    #                         | a .jsonl/.parquet of rows (messages, prompt+completion, or text: zerojax.data.chat)
+    #                         | rows (messages, prompt+completion, or text: zerojax.data.chat): a .jsonl/.parquet
+    #                           file, or a Hugging Face `datasets` directory (save_to_disk)
     #                         | module:factory (a source of your own: zerojax.data.sources)
     val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows) held out for evaluation
-    val_source: str = ""  # rows: a .jsonl/.parquet of evaluation rows instead of the tail of data.source
+    val_source: str = ""  # rows: evaluation rows of their own (as data.source) instead of data.source's tail
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
     train_on: str = "assistant"  # rows: the loss counts the assistant's turns and completions | all (every token)
     pack: bool = True  # rows: several examples to a row, never attending across (false: one a row, padded)
     too_long: str = "error"  # rows: an example over model.seq_len + 1 tokens is an error (exit 2) | drop (counted)
 
     def __post_init__(self):
-        suffix = Path(self.source).suffix
-        if (self.source != "stdlib" and suffix not in (".txt", ".bin", ".npy", *ROW_SUFFIXES)
+        suffix, rows = Path(self.source).suffix, is_rows(self.source)
+        if (self.source != "stdlib" and suffix not in (".txt", ".bin", ".npy") and not rows
                 and not is_factory(self.source)):
             raise ConfigError(
-                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "a .bin/.npy token file, a .jsonl/.parquet of rows, or module:factory (a source of your own)"
+                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, a .bin/.npy token file, "
+                "rows (a .jsonl/.parquet file or a `datasets` save_to_disk directory), or module:factory "
+                "(a source of your own)"
             )
-        if (self.tokenizer and self.source != "stdlib" and suffix not in (".txt", *ROW_SUFFIXES)
+        if (self.tokenizer and self.source != "stdlib" and suffix != ".txt" and not rows
                 and not is_factory(self.source)):
             raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt or a .jsonl/.parquet "
                               f"file); data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
-        if self.val_source and not (suffix in ROW_SUFFIXES and Path(self.val_source).suffix in ROW_SUFFIXES):
+        if self.val_source and not (rows and is_rows(self.val_source)):
             raise ConfigError(f"data.val_source={self.val_source!r} applies to rows: both it and data.source "
-                              f"({self.source!r}) must be .jsonl or .parquet files")
+                              f"({self.source!r}) must be .jsonl/.parquet files or `datasets` directories")
         _choice("data.train_on", self.train_on, TRAIN_ON)
         _choice("data.too_long", self.too_long, TOO_LONG)
 

@@ -1,4 +1,5 @@
-"""Conversation and instruction data: `data.source=FILE.jsonl | FILE.parquet`, a row an example.
+"""Conversation and instruction data: `data.source=FILE.jsonl | FILE.parquet | DIR` (a Hugging
+Face `datasets` directory written by save_to_disk), a row an example.
 
 A row is one of
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -94,8 +96,13 @@ def opening(rows: list[tuple[int, dict]]) -> tuple | None:
 
 def read_rows(source: str, key: str = "data.source") -> list[tuple[int, dict]]:
     """(row number, row) of a .jsonl (numbered by line, blank lines skipped) or .parquet file."""
-    path = corpus_lib.source_file(source, key)
     where = f"{key}={source!r}"
+    if Path(source, "state.json").is_file():
+        rows = list(enumerate(saved_dataset(Path(source), where), start=1))
+        if not rows:
+            raise ConfigError(f"{where}: no rows; each row is {FORMS}")
+        return rows
+    path = corpus_lib.source_file(source, key)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -117,6 +124,19 @@ def read_rows(source: str, key: str = "data.source") -> list[tuple[int, dict]]:
     if not rows:
         raise ConfigError(f"{where}: no rows; each row is {FORMS}")
     return rows
+
+
+def saved_dataset(folder: Path, where: str) -> list[dict]:
+    """The rows of a Hugging Face `datasets` directory written by `Dataset.save_to_disk`: the
+    Arrow stream files its state.json lists, in order."""
+    import pyarrow as pa
+
+    try:
+        files = [f["filename"] for f in json.loads((folder / "state.json").read_text())["_data_files"]]
+        return [row for name in files for row in pa.ipc.open_stream(folder / name).read_all().to_pylist()]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError, pa.ArrowInvalid) as err:
+        raise ConfigError(f"{where}: not a `datasets` directory pyarrow can read ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:160] if str(err) else ''})") from None
 
 
 # ---------------------------------------------------------------------------------------------

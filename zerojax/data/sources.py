@@ -21,12 +21,11 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import is_factory
+from zerojax.config.sections import is_factory, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 
@@ -52,15 +51,15 @@ VISION_FAMILIES = ("paligemma",)  # families whose .jsonl/.parquet rows are imag
 
 
 def kind_of(cfg) -> str:
-    """The kind of source a config reads: `custom` (data.source=module:factory), rows of a
-    .jsonl/.parquet file (conversations for a text model, images for a vision one), or a token corpus."""
+    """The kind of source a config reads: `custom` (data.source=module:factory), rows (a
+    .jsonl/.parquet file or a `datasets` directory: conversations for a text model, images for a
+    vision one), or a token corpus."""
     if is_factory(cfg.data.source):
         return "custom"
-    suffix = Path(cfg.data.source).suffix
-    if suffix in (".jsonl", ".parquet"):
+    if is_rows(cfg.data.source):
         kind = "images" if cfg.model.family in VISION_FAMILIES else "chat"
         if kind not in KINDS:
-            raise ConfigError(f"data.source={cfg.data.source!r}: {suffix} rows for model.family={cfg.model.family} "
+            raise ConfigError(f"data.source={cfg.data.source!r}: rows for model.family={cfg.model.family} "
                               f"are a {kind!r} source, which this zerojax does not have (it reads: {', '.join(KINDS)})")
         return kind
     return "tokens"
