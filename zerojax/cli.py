@@ -49,6 +49,8 @@ def build_parser() -> Parser:
                                                 "prefetch for N devices of M GB, from compiled steps"))
     _export_arguments(sub.add_parser("export", help="a run's (sharded) checkpoint as one safetensors file or a "
                                                     "Hugging Face directory"))
+    _generate_arguments(sub.add_parser("generate", help="text from a run's checkpoint or a Hugging Face directory "
+                                                        "(a prompt, or a conversation on stdin), with a KV cache"))
     _tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)"))
     _report_arguments(sub.add_parser("report", help="one self-contained HTML page: format explorer, memory "
                                                     "calculator, the stages measured and the curves of runs"))
@@ -122,6 +124,19 @@ def _export_arguments(export: Parser) -> None:
     export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _generate_arguments(generate: Parser) -> None:
+    generate.add_argument("source", metavar="RUN_DIR|HF_DIR")
+    what = generate.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", metavar="TEXT", help="continue TEXT")
+    what.add_argument("--chat", action="store_true", help="a conversation through the chat template: each line of "
+                      "stdin a user turn, each reply printed, until EOF")
+    generate.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N")
+    generate.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0: greedy (default 0.8)")
+    generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1: off)")
+    generate.add_argument("--seed", type=int, default=0, metavar="S")
+    generate.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
 
 
 def _tokenizer_arguments(tokenizer: Parser) -> None:
@@ -297,6 +312,37 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    if not (0 <= args.temperature < math.inf):
+        raise UsageError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p {args.top_p} must be in (0, 1]")
+    from flax import nnx
+
+    from zerojax.train import sample
+
+    loaded = sample.load_for_generation(args.source, args.step)
+    graphdef, params = nnx.split(loaded.model)
+    generator = sample.Generator(lambda p: nnx.merge(graphdef, p), params, loaded.seq_len,
+                                 callable(getattr(loaded.model, "decode", None)), args.temperature, args.top_p)
+    print(f"zerojax: generating from {loaded.where}", file=sys.stderr)
+    if args.chat:
+        for reply, stats in sample.chat_turns(generator, loaded.tokenizer, sys.stdin, args.max_new_tokens, args.seed):
+            print(reply, flush=True)
+            _speed(stats)
+    else:
+        text, stats = sample.continuation(generator, loaded.tokenizer, args.prompt, args.max_new_tokens, args.seed)
+        print(text)
+        _speed(stats)
+    return 0
+
+
+def _speed(stats) -> None:
+    print(f"zerojax: {stats.new_tokens} new tokens after {stats.prompt_tokens}: prefill and first token "
+          f"{stats.first_s:.2f} s, then {stats.tokens_per_s:,.1f} tokens/s (after the second token)",
+          file=sys.stderr, flush=True)
+
+
 def cmd_report(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -337,8 +383,8 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "tokenizer": cmd_tokenizer, "memory": cmd_memory, "analyze": cmd_analyze, "plan": cmd_plan,
-            "export": cmd_export,
+COMMANDS = {"train": cmd_train, "generate": cmd_generate, "tokenizer": cmd_tokenizer, "memory": cmd_memory,
+            "analyze": cmd_analyze, "plan": cmd_plan, "export": cmd_export,
             "formats": cmd_formats, "report": cmd_report}
 
 

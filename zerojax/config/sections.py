@@ -146,13 +146,31 @@ def is_lerobot(source: str) -> bool:
     return source.startswith("lerobot:")
 
 
+TRAIN_ON = ("assistant", "all")  # data.train_on: the tokens a chat source's loss counts
+TOO_LONG = ("error", "drop")  # data.too_long: what a chat source does with an example over model.seq_len
+ROW_SUFFIXES = (".jsonl", ".parquet")  # sources of rows (zerojax.data.chat; a vision family's: images)
+
+
+def is_rows(source: str) -> bool:
+    """data.source holds rows: a .jsonl/.parquet file, or a Hugging Face `datasets` directory
+    written by save_to_disk (its state.json lists the Arrow files)."""
+    return Path(source).suffix in ROW_SUFFIXES or Path(source, "state.json").is_file()
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
-    #                         | a .jsonl/.parquet file of examples (images and text: zerojax.data.images)
+    #                         | rows: a .jsonl/.parquet file or a Hugging Face `datasets` directory (save_to_disk):
+    #                           images and text for a vision-language family (zerojax.data.images), else
+    #                           messages, prompt+completion or text (zerojax.data.chat)
+    #                         | lerobot:DIR (a LeRobot v3.0 dataset: zerojax.data.lerobot)
     #                         | module:factory (a source of your own: zerojax.data.sources)
-    val_fraction: float = 0.1  # tail of the corpus (or of the examples) held out for evaluation
+    val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows; LeRobot: episodes) held out for evaluation
+    val_source: str = ""  # rows: evaluation rows of their own (as data.source) instead of data.source's tail
     tokenizer: str = ""  # a Hugging Face tokenizer.json (or its directory) for a text source; empty = bytes
+    train_on: str = "assistant"  # chat rows: the loss counts the assistant's turns and completions | all (every token)
+    pack: bool = True  # chat rows: several examples to a row, never attending across (false: one a row, padded)
+    too_long: str = "error"  # chat rows: an example over model.seq_len + 1 tokens is an error (exit 2) | drop (counted)
     # data.source=lerobot:DIR (zerojax.data.lerobot); the defaults are LeRobot's pi0
     action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (LeRobot's chunk_size)
     image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1]
@@ -164,18 +182,25 @@ class DataConfig:
     def __post_init__(self):
         if is_lerobot(self.source):
             return _check_lerobot(self)
-        if (self.source != "stdlib" and Path(self.source).suffix not in (".txt", ".bin", ".npy", ".jsonl", ".parquet")
+        suffix, rows = Path(self.source).suffix, is_rows(self.source)
+        if (self.source != "stdlib" and suffix not in (".txt", ".bin", ".npy") and not rows
                 and not is_factory(self.source)):
             raise ConfigError(
-                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, "
-                "a .bin/.npy token file, a .jsonl/.parquet file of examples, or module:factory (a source of your own)"
+                f"data.source={self.source!r} is not valid; use 'stdlib', a .txt file, a .bin/.npy token file, "
+                "rows (a .jsonl/.parquet file or a `datasets` save_to_disk directory), lerobot:DIR (a LeRobot "
+                "dataset), or module:factory (a source of your own)"
             )
-        if (self.tokenizer and self.source != "stdlib" and Path(self.source).suffix in (".bin", ".npy")
+        if (self.tokenizer and self.source != "stdlib" and suffix != ".txt" and not rows
                 and not is_factory(self.source)):
-            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt file or a file of examples); "
-                              f"data.source={self.source!r} already holds tokens")
+            raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt or a .jsonl/.parquet "
+                              f"file); data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+        if self.val_source and not (rows and is_rows(self.val_source)):
+            raise ConfigError(f"data.val_source={self.val_source!r} applies to rows: both it and data.source "
+                              f"({self.source!r}) must be .jsonl/.parquet files or `datasets` directories")
+        _choice("data.train_on", self.train_on, TRAIN_ON)
+        _choice("data.too_long", self.too_long, TOO_LONG)
 
 
 def _check_lerobot(d: DataConfig) -> None:

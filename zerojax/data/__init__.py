@@ -6,6 +6,9 @@
                  family, as PaliGemmaProcessor makes it: tokens, pixel_values, prefix, loss_mask
     sources.py   the source protocol (`Source`): a batch spec and `rows(split, step, rows)`;
                  which source a config reads; the process's share of the rows
+    chat.py      conversation and instruction rows (.jsonl, .parquet): examples through the
+                 chat template, the assistant-only loss mask, packing
+    template.py  the tokenizer's own chat template, rendered as transformers renders it
 
 The batch for step s is a pure function of (seed, split, s), the same on any mesh and any
 number of processes; each process builds only the rows its devices hold. A batch is a pytree

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import is_factory, is_lerobot
+from zerojax.config.sections import is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 
@@ -48,25 +48,22 @@ class Source(Protocol):
 
 
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
-KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot", "images": "zerojax.data.images"}
-VISION_FAMILIES = ("paligemma",)  # model families whose .jsonl / .parquet data is images and text
+KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot", "images": "zerojax.data.images",
+         "chat": "zerojax.data.chat"}
+VISION_FAMILIES = ("paligemma",)  # model families whose rows (.jsonl / .parquet) are images and text
 
 
 def kind_of(cfg) -> str:
     """The kind of source a config reads: `lerobot` (data.source=lerobot:DIR, tested first: it
-    looks like module:factory), `custom` (data.source=module:factory), examples (a .jsonl or
-    .parquet file: image data for a vision-language family, else chat) or a token corpus."""
+    looks like module:factory), `custom` (data.source=module:factory), rows (a .jsonl/.parquet
+    file or a `datasets` directory: image data for a vision-language family, else chat and
+    instruction rows) or a token corpus."""
     if is_lerobot(cfg.data.source):
         return "lerobot"
     if is_factory(cfg.data.source):
         return "custom"
-    if Path(cfg.data.source).suffix in (".jsonl", ".parquet"):
-        kind = "images" if cfg.model.family in VISION_FAMILIES else "chat"
-        if kind not in KINDS:
-            raise ConfigError(f"data.source={cfg.data.source!r} is a file of examples, {kind} data for model.family="
-                              f"{cfg.model.family}, which this zerojax cannot read (it reads image data for "
-                              f"model.family={' or '.join(VISION_FAMILIES)})")
-        return kind
+    if is_rows(cfg.data.source):
+        return "images" if cfg.model.family in VISION_FAMILIES else "chat"
     return "tokens"
 
 

@@ -187,8 +187,8 @@ def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_
     tokenizer_files = []
     if tokenizer:  # the run's tokenizer travels with the model (its directory's other HF tokenizer files too)
         path = data.tokenizer_file(tokenizer)
-        tokenizer_files = [path] + [path.with_name(n) for n in ("tokenizer_config.json", "special_tokens_map.json")
-                                    if path.with_name(n).is_file()]
+        names = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")  # the chat template too
+        tokenizer_files = [path] + [path.with_name(n) for n in names if path.with_name(n).is_file()]
     tensors = hf_tensors(model["family"], shapes, stacked)
     files = shard_plan(tensors, jnp.dtype(dtype).itemsize, max_shard_bytes)
     tmp = out.with_name(out.name + ".tmp")

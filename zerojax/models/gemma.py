@@ -113,6 +113,12 @@ class Gemma(nnx.Module):
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
         return self.head(protocol.apply_stack(self.layers, self.embed(tokens_BT)))
 
+    def decode(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache):
+        """Generation on one device: (logits of new tokens, the updated cache), as Llama's `decode`."""
+        x = protocol.stream(self.embed(tokens_BT), {"positions": positions_BT})
+        x, cache = protocol.decode_stack(self.layers, x, cache)
+        return self.head(protocol.unstream(x)[0]), cache
+
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D,
         D here the query width H·K (not d_model: the head dim is free)."""

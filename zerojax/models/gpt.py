@@ -68,11 +68,15 @@ class Attention(nnx.Module):
         """`structure`: the batch's segment ids or prefix (protocol.stream), if any."""
         B, T, D = x_BTD.shape
         q_BTHK, k_BTHK, v_BTHK = jnp.split(self.qkv(x_BTD).reshape(B, T, 3 * self.n_heads, -1), 3, axis=2)
+        structure = structure or {}
+        if "kv" in structure:  # decoding (protocol.decode_stack): the cache's keys, the updated cache passed on
+            structure["kv"], mask_BTS = protocol.cached_kv(structure["kv"], k_BTHK, v_BTHK, structure["positions"])
+            k_BTHK, v_BTHK, mask = structure["kv"]["k"], structure["kv"]["v"], mask_BTS[:, None]
+        else:
+            mask = (protocol.attention_mask(structure, T)[:, None] if set(structure) - {"positions"}
+                    else jnp.tril(jnp.ones((T, T), bool)))
         scores_BHTT = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BTHK).astype(jnp.float32)
         scores_BHTT = scores_BHTT / math.sqrt(q_BTHK.shape[-1])
-        structure = structure or {}
-        mask = (protocol.attention_mask(structure, T)[:, None] if set(structure) - {"positions"}
-                else jnp.tril(jnp.ones((T, T), bool)))
         scores_BHTT = jnp.where(mask, scores_BHTT, jnp.finfo(jnp.float32).min)
         probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1).astype(v_BTHK.dtype)
         y_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTT, v_BTHK)
@@ -143,6 +147,13 @@ class GPT(nnx.Module):
         """[B, T, V] fp32 logits on one device (sampling, checks)."""
         x_BTD = self.embed(tokens_BT)
         return self.head(protocol.apply_stack(self.blocks, x_BTD), self.embed)
+
+    def decode(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache):
+        """Generation on one device: (logits of new tokens at `positions_BT` (< model.seq_len,
+        the learned positions), the updated key/value cache), as Llama's `decode`."""
+        x = protocol.stream(self.embed(tokens_BT, positions_BT), {"positions": positions_BT})
+        x, cache = protocol.decode_stack(self.blocks, x, cache)
+        return self.head(protocol.unstream(x)[0], self.embed), cache
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D."""

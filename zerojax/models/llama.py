@@ -86,7 +86,11 @@ class Attention(nnx.Module):
         q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta, pos_BT)
         k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta, pos_BT)
         v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        mask = protocol.attention_mask(structure, T) if set(structure) - {"positions"} else None
+        if "kv" in structure:  # decoding (protocol.decode_stack): the cache's keys, the updated cache passed on
+            structure["kv"], mask = protocol.cached_kv(structure["kv"], k_BTGK, v_BTGK, pos_BT)
+            k_BTGK, v_BTGK = structure["kv"]["k"], structure["kv"]["v"]
+        else:
+            mask = protocol.attention_mask(structure, T) if set(structure) - {"positions"} else None
         return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK, mask).reshape(B, T, -1))
 
 
@@ -151,6 +155,14 @@ class Llama(nnx.Module):
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
         return self.head(protocol.apply_stack(self.layers, self.embed_tokens(tokens_BT)))
+
+    def decode(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache):
+        """Generation on one device: (logits [B, T, V] fp32 of new tokens at `positions_BT`, the
+        key/value cache with them): `cache` the number of slots to start with (the prefill), or
+        the last call's cache (protocol.decode_stack)."""
+        x = protocol.stream(self.embed_tokens(tokens_BT), {"positions": positions_BT})
+        x, cache = protocol.decode_stack(self.layers, x, cache)
+        return self.head(protocol.unstream(x)[0]), cache
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (PaLM appendix B): 6 per parameter plus attention's 12·L·T·D

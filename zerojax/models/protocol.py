@@ -99,6 +99,7 @@ class Units:
     names: tuple[str, ...]  # the stacks, in the order they run
     has_logits: bool = False  # the model has `logits(tokens, ...) -> [B, T, V]` (sampling, checks; a
     #                           vision model's takes optional extras: paligemma's pixel_values, token_type_ids)
+    has_decode: bool = False  # and `decode(tokens, positions, cache) -> (logits, cache)` (a key/value cache)
 
     @classmethod
     def of(cls, model) -> "Units":
@@ -108,7 +109,8 @@ class Units:
         shell = nnx.merge(graphdef, state)  # a copy, so that `model` keeps its stacks
         for name in names:
             setattr(shell, name, None)
-        return cls(graphdef, nnx.split(shell)[0], layers, names, callable(getattr(model, "logits", None)))
+        return cls(graphdef, nnx.split(shell)[0], layers, names, callable(getattr(model, "logits", None)),
+                   callable(getattr(model, "decode", None)))
 
     def outer_of(self, params: dict) -> dict:
         return {k: v for k, v in params.items() if k not in self.names}
@@ -136,6 +138,42 @@ def apply_stack(stack, x):
     graphdef, stacked = nnx.split(stack)
     x, _ = jax.lax.scan(lambda x, layer: (nnx.merge(graphdef, layer)(x), None), x, stacked)
     return x
+
+
+def decode_stack(stack, x, cache):
+    """A stack's layers applied to new tokens with a key/value cache (generation). `cache` is
+    the stack's cache from the last call (per layer {"k", "v"} [L, B, S, G, K]), or the number
+    of slots S to start one (the prefill). Returns (x, the updated cache).
+
+    Each layer's input carries the layer's cache as structure["kv"]; its attention reads it
+    (`cached_kv`) and puts the updated cache back into that structure, which the layer passes on
+    as it passes on every structure field (`stream`), so the cache leaves the layer with x."""
+    graphdef, stacked = nnx.split(stack)
+    prefill = isinstance(cache, int)
+
+    def body(x, xs):
+        layer, kv = (xs, cache) if prefill else xs
+        h, structure = unstream(x)
+        h, structure = unstream(nnx.merge(graphdef, layer)(stream(h, {**structure, "kv": kv})))
+        kv = structure.pop("kv")
+        return stream(h, structure), kv
+
+    return jax.lax.scan(body, x, stacked if prefill else (stacked, cache))
+
+
+def cached_kv(kv, k_BTGK: jax.Array, v_BTGK: jax.Array, positions_BT: jax.Array):
+    """An attention's side of decoding: the new keys and values written into the cache at their
+    positions (consecutive from positions_BT[:, 0], the same in every row; `kv` an int S starts
+    an empty cache of S slots), and which slots each new token attends to: bool [B, T, S], the
+    slots up to its own position (later slots hold nothing yet, or a padded prefill's leftovers)."""
+    B, T, G, K = k_BTGK.shape
+    if isinstance(kv, int):
+        kv = {"k": jnp.zeros((B, kv, G, K), k_BTGK.dtype), "v": jnp.zeros((B, kv, G, K), v_BTGK.dtype)}
+    start = (0, positions_BT[0, 0], 0, 0)
+    kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k_BTGK.astype(kv["k"].dtype), start),
+          "v": jax.lax.dynamic_update_slice(kv["v"], v_BTGK.astype(kv["v"].dtype), start)}
+    S = kv["k"].shape[1]
+    return kv, positions_BT[:, :, None] >= jnp.arange(S)[None, None]
 
 
 def scan_stack(units: Units, name: str, stacked: dict, x, remat: str = "none", constrain: Callable = _identity):

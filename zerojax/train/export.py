@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
-from zerojax.config import EXPORT_FORMATS, ModelConfig, file_in_the_way
+from zerojax.config import EXPORT_FORMATS, LoraConfig, ModelConfig, file_in_the_way
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
 from zerojax.interop import peft
@@ -135,6 +135,26 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     mgr.close()
     return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
+
+
+def load_model(run_dir: Path, step: int | None = None):
+    """(the run's config as saved, the step, its model on one device in fp32 with that
+    checkpoint's weights, LoRA adapters included), each leaf read whole: `zerojax generate`."""
+    from flax import nnx
+
+    mgr, step, meta = _open_run(run_dir, step)
+    saved = meta["config"]
+    lora = {**saved["optim"]["lora"], "targets": tuple(saved["optim"]["lora"]["targets"])}
+    model = model_lib.build_model(ModelConfig(**{**saved["model"], "init_from": ""}), Policy(), 0, LoraConfig(**lora))
+    params: dict = {}
+    for path, shape in meta["param_shapes"].items():
+        leaf, keys = params, path.split("/")
+        for key in keys[:-1]:
+            leaf = leaf.setdefault(key, {})
+        leaf[keys[-1]] = _whole(_leaf_blocks(mgr, step, path, tuple(shape)))
+    mgr.close()
+    nnx.update(model, params)
+    return saved, step, model
 
 
 def _stacked(model: dict) -> tuple[str, ...]:

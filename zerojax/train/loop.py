@@ -23,7 +23,7 @@ from zerojax.parallel import mesh as mesh_lib
 from zerojax.config import Config
 from zerojax.errors import ConfigError
 from zerojax.train.metrics import kept_metrics, metrics_line, open_metrics, write_line
-from zerojax.train.sample import Progress, sample_text
+from zerojax.train.sample import Generator, Progress, sample_reply, sample_text
 from zerojax.interop import hf
 from zerojax.interop import peft
 from zerojax.parallel import trees
@@ -248,8 +248,12 @@ def write_sample(setup: Setup, state, lead: bool) -> str:
     written to sample.txt by process 0."""
     cfg, engine = setup.cfg, setup.engine
     sample = ""
-    if engine.units.has_logits and setup.corpus is not None:
-        sample = sample_text(engine.view, engine.forward_params(state), setup.corpus, cfg.model.seq_len, cfg.train.seed)
+    chat = getattr(setup.source, "sample_messages", None)  # a chat source: a reply to its last conversation
+    if engine.units.has_logits and (setup.corpus is not None or chat):
+        generator = Generator(engine.view, engine.forward_params(state), cfg.model.seq_len, engine.units.has_decode,
+                              vocab=setup.source.vocab_size)
+        sample = sample_text(generator, setup.corpus, cfg.train.seed) if setup.corpus is not None else \
+            sample_reply(generator, setup.source, cfg.train.seed)
     if lead:
         (cfg.run_dir / "sample.txt").write_text(sample)
     return sample
