@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
