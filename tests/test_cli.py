@@ -30,8 +30,10 @@ def test_train_writes_the_run_directory(tiny_overrides, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "8 cpu devices" in proc.stdout and "sample:" in proc.stdout
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "report.html",
-                                                     "sample.txt"]
+    names = sorted(p.name for p in run.iterdir())
+    events = [n for n in names if n.startswith("events.out.tfevents.")]  # train.tensorboard=true (the default)
+    assert len(events) == 1 and [n for n in names if n not in events] == ["checkpoints", "config.yaml",
+                                                                          "metrics.jsonl", "report.html", "sample.txt"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["5"]  # the end of the run
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 5
     assert f"zerojax: report {run / 'report.html'}" in proc.stdout
