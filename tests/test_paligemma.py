@@ -192,3 +192,13 @@ def test_a_frozen_tower_sends_no_gradient_bytes():
     sharded = lambda frozen: sum(np.prod(leaf.stored) for leaf in leaves if leaf.frozen == frozen and leaf.dim is not None)
     assert sharded(True) > 0.5 * sharded(False)  # the tower is sharded, and a good part of the model
     assert report["comm"]["reduce-scatter"] == pytest.approx(7 / 8 * 4 * sharded(False), rel=1e-9)
+
+
+def test_a_source_without_images_exits_2_before_anything_is_written(tmp_path, capsys):
+    # the default source yields bare tokens: the model's forward, traced on the batch's shapes
+    # when the run is prepared, says what it needs
+    assert cli.main(["train", "model.family=paligemma", "train.steps=1", f"train.out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+    assert "model.family=paligemma reads images: its batch needs pixel_values" in err, err
+    assert not (tmp_path / "run").exists()

@@ -26,6 +26,7 @@ from zerojax.train.metrics import kept_metrics, metrics_line, open_metrics, writ
 from zerojax.train.sample import Generator, Progress, sample_reply, sample_text
 from zerojax.interop import hf
 from zerojax.interop import peft
+from zerojax.models import protocol
 from zerojax.parallel import trees
 from zerojax.train import checkpoint
 from zerojax.train import sinks as sinks_lib
@@ -67,6 +68,7 @@ def prepare(cfg: Config) -> Setup:
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus needs "
             f"({source.vocab_size} from {where}); set model.vocab_size>={source.vocab_size}"
         )
+    check_batch(cfg, step)
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
     lora = cfg.optim.lora
@@ -81,6 +83,14 @@ def prepare(cfg: Config) -> Setup:
         checkpoint.check_matches(cfg.run_dir, start, step.plan)
         kept_metrics(cfg.run_dir / "metrics.jsonl", start)
     return Setup(cfg, step, source, start)
+
+
+def check_batch(cfg: Config, engine) -> None:
+    """The model reads the source's batch (a vision model needs its pixel_values): its forward
+    traced on one row's shapes, nothing computed, before anything is written; a model's
+    ConfigError surfaces here."""
+    params = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, engine.policy.compute), engine.plan.leaves)
+    jax.eval_shape(lambda p, b: protocol.forward(engine.units, p, b), params, step_lib.batch_shape(cfg, rows=1))
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "sample.txt")  # what the run writes, besides checkpoints/
