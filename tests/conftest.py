@@ -68,3 +68,17 @@ def sigterm_during(step: int):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loop, "global_batch", global_batch)
         yield
+
+
+def export_initial_state(setup, state, run_dir, out, fmt: str = "hf"):
+    """Save `state` (a prepared run's initial state) as checkpoint 0 of `run_dir` and export it
+    with `zerojax export --format fmt` into `out` (import-then-export round trips)."""
+    from zerojax import cli, config
+    from zerojax.train import checkpoint
+
+    mgr = checkpoint.manager(run_dir, 1)
+    checkpoint.save(mgr, setup.engine.plan, setup.engine.mesh, state, 0, config.to_dict(setup.cfg))
+    mgr.wait_until_finished()
+    mgr.close()
+    assert cli.main(["export", str(run_dir), "--format", fmt, "--out", str(out)]) == 0
+    return out

@@ -12,12 +12,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from conftest import ROOT, run
+from conftest import ROOT, export_initial_state, run
 from zerojax import cli, config, train
 from zerojax.errors import ConfigError
 from zerojax.interop import hf
 from zerojax.models import gemma
-from zerojax.train import checkpoint
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hf" / "gemma"
 TINY = ["model.family=gemma", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=1",
@@ -93,12 +92,7 @@ def test_export_as_hf_gives_back_the_checkpoint(tmp_path):
                  f"train.out_dir={tmp_path / 'run'}", "train.steps=1", "train.ckpt_every=0"]
     setup = train.prepare(config.load(overrides=overrides))
     state = train.start_state(setup, None, None, None)
-    mgr = checkpoint.manager(tmp_path / "run", 1)
-    checkpoint.save(mgr, setup.engine.plan, setup.engine.mesh, state, 0, config.to_dict(setup.cfg))
-    mgr.wait_until_finished()
-    mgr.close()
-    out = tmp_path / "export"
-    assert cli.main(["export", str(tmp_path / "run"), "--format", "hf", "--out", str(out)]) == 0
+    out = export_initial_state(setup, state, tmp_path / "run", tmp_path / "export")
     original = load_file(FIXTURE / "model.safetensors")
     exported = {k: v for f in out.glob("*.safetensors") for k, v in load_file(f).items()}
     assert set(exported) == set(original), set(exported) ^ set(original)

@@ -14,14 +14,13 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from conftest import ROOT, run
+from conftest import ROOT, export_initial_state, run
 from zerojax import cli, config, train
 from zerojax.analysis import measure
 from zerojax.errors import ConfigError
 from zerojax.interop import hf
 from zerojax.models import paligemma, registry, siglip
 from zerojax.precision import Policy
-from zerojax.train import checkpoint
 from zerojax.train import model as model_lib
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hf" / "paligemma"
@@ -136,12 +135,7 @@ def test_import_on_8_devices_at_stage_3_and_export_give_the_checkpoint_back(refe
     state = train.start_state(setup, None, None, None)
     tower = state.params["vision"]["mlp"]["fc1"]["kernel"]
     assert tower.sharding.spec != jax.sharding.PartitionSpec() and len(tower.sharding.device_set) == 8
-    mgr = checkpoint.manager(tmp_path / "run", 1)
-    checkpoint.save(mgr, setup.engine.plan, setup.engine.mesh, state, 0, config.to_dict(setup.cfg))
-    mgr.wait_until_finished()
-    mgr.close()
-    out = tmp_path / "export"
-    assert cli.main(["export", str(tmp_path / "run"), "--format", "hf", "--out", str(out)]) == 0
+    out = export_initial_state(setup, state, tmp_path / "run", tmp_path / "export")
     # transformers 5 saves the tower as `vision_tower.`; the export writes the published checkpoints'
     # `vision_tower.vision_model.` (which transformers 4 and 5 both load with no missing key)
     original = {k.replace("vision_tower.", paligemma.VISION_PREFIX): v

@@ -20,7 +20,6 @@ be compiled (`zerojax analyze`) for data that is not on this machine.
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -29,6 +28,7 @@ import numpy as np
 from zerojax.config.sections import is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
+from zerojax.models import registry
 
 
 class Field(NamedTuple):
@@ -86,19 +86,8 @@ def open_source(cfg) -> Source:
 def custom_source(cfg) -> Source:
     """data.source=module:factory: `factory(cfg=cfg)` returns the source (bad input if it cannot
     be imported or does not follow the protocol; a bug inside it shows its traceback)."""
-    module_name, _, attr = cfg.data.source.partition(":")
     where = f"data.source={cfg.data.source}"
-    if "" not in sys.path:  # the current directory, as `python -m` has it
-        sys.path.insert(0, "")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
-        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
-    source = factory(cfg=cfg)
+    source = registry.users_callable(cfg.data.source, where)(cfg=cfg)
     missing = [name for name in ("vocab_size", "spec", "rows") if not hasattr(source, name)]
     if missing:
         raise ConfigError(f"{where}: the factory returned a {type(source).__name__} without "

@@ -43,6 +43,24 @@ def hf_layout(family: str):
     return layouts[family]
 
 
+def users_callable(spec: str, where: str) -> Callable:
+    """The callable `module:name` of the user's (a model's or a data source's factory), the
+    current directory on sys.path as `python -m` has it; ConfigError naming `where` if it cannot
+    be imported or is not there."""
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
+        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
+    return found
+
+
 def model_factory(family: str) -> Callable:
     """The factory `model.family` names, called as factory(cfg=, policy=, rngs=) (ConfigError if
     it cannot be found)."""
@@ -54,16 +72,7 @@ def model_factory(family: str) -> Callable:
     where = f"model.family={family}"
     if not module_name or not attr:
         raise ConfigError(f"{where} is not valid; use {', '.join(FAMILIES)}, or module:factory (e.g. my_model:build)")
-    if "" not in sys.path:  # the current directory, as `python -m` has it
-        sys.path.insert(0, "")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any failure to import is the user's module's, reported as such
-        raise ConfigError(f"{where}: cannot import {module_name} ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: module {module_name} has no callable {attr!r}")
+    factory = users_callable(family, where)
     try:
         protocol.check_factory(factory, attr)
     except protocol.ProtocolError as err:
