@@ -209,15 +209,54 @@ def test_a_frame_the_video_does_not_have_names_the_episode_and_time():
         src.raw_item(int(ep.start))
 
 
+PI0 = ["model.family=pi0", "model.vocab_size=256", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+       "model.n_kv_heads=1", "model.head_dim=8", "model.d_ff=32", "model.expert.d_model=16", "model.expert.d_ff=32",
+       "model.vision.image_size=8", "model.vision.patch_size=4", "model.vision.d_model=16", "model.vision.n_layers=1",
+       "model.vision.n_heads=2", "model.vision.d_ff=32", "model.action.horizon=2", "model.action.prompt_len=16",
+       "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
+       "model.action.cameras=3", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16"]
+
+
+def test_pi0_reads_the_dataset_as_its_batch():
+    """A policy family gets its own batch: the cameras stacked (a third, which the dataset
+    lacks, all -1 and masked), state and actions zero-padded, each row's noise and time."""
+    from zerojax.data import sources
+
+    cfg = config.load(overrides=[f"data.source=lerobot:{FIXTURE / 'tiny'}", "train.global_batch=4", *PI0])
+    src = sources.open_source(cfg)
+    batch = src.rows(0, 0, slice(None))
+    assert {k: v.shape for k, v in batch.items()} == {k: f.shape for k, f in src.spec().items()}
+    assert batch["image_masks"].tolist() == [[True, True, False]] * 4 and (batch["images"][:, 2] == -1).all()
+    assert (batch["state"][:, 3:] == 0).all() and (batch["actions"][..., 2:] == 0).all()
+    assert batch["state"][:, :3].any() and 0 < batch["time"].min() and batch["time"].max() <= 1
+    raw = src.source.rows(0, 0, slice(None))  # the dataset's own features, the same frames
+    np.testing.assert_array_equal(batch["images"][:, 0], raw[CAMERAS[0]])
+    np.testing.assert_array_equal(batch["actions"][..., :2], raw["action"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.action_horizon=3", "data.action_horizon=3 and model.action.horizon=2 disagree"),
+    ("model.action.max_state_dim=2", "observation.state has 3 dimensions, more than model.action.max_state_dim=2"),
+    ("model.action.cameras=1", "has 2 cameras (observation.images.front, observation.images.wrist), more than "
+                               "model.action.cameras=1"),
+])
+def test_a_policy_that_does_not_fit_the_dataset_is_refused(override, message, tmp_path, capsys):
+    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", *PI0, override,
+                     f"train.out_dir={tmp_path / 'run'}", "train.steps=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_keeps_the_statistics_beside_its_checkpoints(tmp_path):
-    # gpt reads the batch's `tokens` (the prompts) as its text: the run is here for what it
-    # writes, and for the batch going through the sharded step on 8 devices.
+    # π0 trained on the dataset for a step through the sharded step on 8 devices, for what the
+    # run writes beside its checkpoints.
     out = tmp_path / "run"
-    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles",
-                     "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16", "model.d_model=32",
-                     "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "model.seq_len=16", "train.steps=1",
-                     "train.global_batch=8", "train.eval_every=0", "train.ckpt_every=0", f"train.out_dir={out}"])
+    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles", *PI0,
+                     "train.steps=1", "train.log_every=1", "train.global_batch=8", "train.eval_every=0",
+                     "train.ckpt_every=0", "zero.min_shard_size=64", f"train.out_dir={out}"])
     assert code == 0
+    assert np.isfinite(json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"])
     doc = json.loads((out / "lerobot.json").read_text())
     stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
     assert doc["normalization"]["action"] == {"mode": "quantiles", "q01": stats["action"]["q01"],

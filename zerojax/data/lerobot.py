@@ -56,6 +56,7 @@ VERSIONS = ("v3.0",)  # codebase versions read (LeRobot >= 0.4)
 STATE, ACTION = "observation.state", "action"
 CAMERA = "observation.images."
 EPS = 1e-8  # NormalizerProcessorStep's default eps
+POLICY_FAMILIES = ("pi0",)  # families that read a policy's batch (data/policy.py), not these features
 
 
 def root_of(cfg) -> Path:
@@ -95,7 +96,19 @@ def cameras_of(cfg, info: dict) -> list[str]:
 
 
 def spec(cfg) -> dict:
-    """The batch (module docstring), from meta/info.json alone."""
+    """The batch (module docstring), from meta/info.json alone; a policy family's
+    (`data/policy.py`) for model.family=pi0."""
+    lerobot_spec = dataset_spec(cfg)
+    if cfg.model.family in POLICY_FAMILIES:
+        from zerojax.data import policy
+
+        policy.check(cfg, lerobot_spec)
+        return policy.spec(cfg, lerobot_spec)
+    return lerobot_spec
+
+
+def dataset_spec(cfg) -> dict:
+    """The batch of the dataset's own features (module docstring), from meta/info.json alone."""
     info = read_info(root_of(cfg))
     features = info["features"]
     d, B = cfg.data, cfg.train.global_batch
@@ -118,7 +131,13 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
     dataset = meta.load(root, info, cameras, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
+    source = LeRobotSource(dataset, dataset_spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
+    if cfg.model.family in POLICY_FAMILIES:
+        from zerojax.data import policy
+
+        policy.check(cfg, source.spec())
+        return policy.PolicyRows(source, cfg)
+    return source
 
 
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
