@@ -85,8 +85,8 @@ class PolicyRows:
         if missing:  # as LeRobot's prepare_images: an empty camera is all -1, masked
             images = np.concatenate([images, np.full((n, missing, *images.shape[2:]), -1, np.float32)], axis=1)
         masks = np.broadcast_to(np.arange(a.cameras) < len(self.cameras), (n, a.cameras)).copy()
-        start = rows.indices(self._spec["time"].shape[0])
-        noise, time = flow.noise_and_time(self.cfg.train.seed, split, step, range(*start), a.horizon,
+        bounds = rows.indices(self._spec["time"].shape[0])
+        noise, time = flow.noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon,
                                           a.max_action_dim)
         return {"images": images, "image_masks": masks, "tokens": raw["tokens"], "token_mask": raw["token_mask"],
                 "state": pad_last(raw[STATE], a.max_state_dim), "actions": pad_last(raw[ACTION], a.max_action_dim),
