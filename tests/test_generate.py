@@ -56,6 +56,29 @@ def test_greedy_generation_is_transformers_greedy_generate():
     assert window.generate(run["prompt"], 20, seed=0)[0][len(run["prompt"]):] == run["new"]
 
 
+def test_a_full_context_restarts_from_its_last_half_not_at_every_token():
+    # The end-of-run sample of a 16-token model runs 40 tokens past its context: each restart
+    # keeps at most half the context, so the step runs once per token fed, and the empty
+    # cache's shapes are traced once.
+    cfg = config.load(overrides=["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64",
+                                 "model.seq_len=16"])
+    graphdef, params = nnx.split(registry.build(cfg.model, Policy(), seed=0))
+    generator = sample.Generator(lambda p: nnx.merge(graphdef, p), params, 16, True, temperature=0.0)
+    calls = {"start": 0}
+    real = generator._start
+
+    def counted(context, key):
+        calls["start"] += 1
+        assert len(context) <= 8 or calls["start"] == 1, len(context)
+        return real(context, key)
+
+    generator._start = counted
+    ids, stats = generator.generate(list(b"def "), 40, seed=0)
+    assert stats.new_tokens == 40 and len(ids) == 44
+    assert calls["start"] <= 1 + 40 // 8, calls  # the prompt, then a restart per 8 new tokens at most
+    assert set(generator._jitted) == {"step"}
+
+
 def test_generate_prompt_and_the_sampling_options(capsys):
     # --prompt on a directory without a tokenizer: bytes in and out, greedy as transformers'.
     run = json.loads((CHAT / "greedy.json").read_text())["runs"][0]

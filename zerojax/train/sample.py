@@ -62,6 +62,7 @@ class Generator:
     vocab: int | None = None
     _jitted: dict = field(default_factory=dict)
     _buckets: set = field(default_factory=set)  # the prefill lengths compiled
+    _empty: object = None  # the shapes of an empty cache (traced once)
 
     def _fn(self, name):
         if name not in self._jitted:
@@ -117,9 +118,9 @@ class Generator:
             self._buckets.add(pow2(n, self.seq_len))
             token, cache = self._fn("prefill")(self.params, tokens[:, : pow2(n, self.seq_len)], n, key)
             return token, cache, n
-        # an empty cache shaped as a prefill's: traced for its shapes, never compiled
-        shapes = jax.eval_shape(self._prefill, self.params, jnp.zeros((1, 1), jnp.int32), 1, key)[1]
-        cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        if self._empty is None:  # an empty cache shaped as a prefill's: traced for its shapes, never compiled
+            self._empty = jax.eval_shape(self._prefill, self.params, jnp.zeros((1, 1), jnp.int32), 1, key)[1]
+        cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._empty)
         for position, t in enumerate(context):
             token, cache = self._fn("step")(self.params, np.int32(t), np.int32(position), cache, key)
         return token, cache, len(context)
@@ -128,8 +129,9 @@ class Generator:
         """How many of the last tokens a full context keeps, between an eighth and a half of it,
         chosen to compile nothing new (the end-of-run sample runs past its context): the longest
         prefill already compiled, else FED tokens fed through the step, else half."""
-        fits = [b for b in self._buckets if self.seq_len // 8 <= b <= self.seq_len // 2]
-        return max(fits, default=FED if self.seq_len // 8 <= FED else self.seq_len // 2)
+        low, high = self.seq_len // 8, self.seq_len // 2
+        fits = [b for b in self._buckets if low <= b <= high]
+        return max(fits, default=FED if low <= FED <= high else high)
 
     def _padded(self, context: list[int]) -> tuple[np.ndarray, int]:
         window = np.zeros((1, self.seq_len), np.int32)
