@@ -348,13 +348,14 @@ class TrainConfig:
     report: bool = True  # write report.html (curves, format explorer, memory calculator) into the run directory at the end
     tensorboard: bool = True  # write TensorBoard event files of the logged metrics into the run directory
     wandb: str = ""  # a W&B project to log the metrics to (pip install 'zerojax[wandb]'); empty = off
+    sample_tokens: int = 200  # new tokens of the end-of-run sample.txt (a chat reply also stops at its end token); 0 = none
     profile: str = ""  # START:STOP: a jax.profiler trace of steps START+1..STOP into <run dir>/plugins/profile; empty = off
 
     def __post_init__(self):
         _at_least("train.steps", self.steps, 1)
         _at_least("train.global_batch", self.global_batch, 1)
         _at_least("train.grad_accum", self.grad_accum, 1)
-        for key in ("seed", "log_every", "eval_every", "ckpt_every"):
+        for key in ("seed", "log_every", "eval_every", "ckpt_every", "sample_tokens"):
             _at_least(f"train.{key}", getattr(self, key), 0)
         _at_least("train.eval_batches", self.eval_batches, 1)
         _at_least("train.keep", self.keep, 1)

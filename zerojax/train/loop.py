@@ -254,16 +254,17 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
 
 
 def write_sample(setup: Setup, state, lead: bool) -> str:
-    """The end-of-run sample (every process samples: SPMD; a model without `logits` has none),
-    written to sample.txt by process 0."""
+    """The end-of-run sample of `train.sample_tokens` tokens (every process samples: SPMD; a model
+    without `logits`, or sample_tokens=0, has none), written to sample.txt by process 0."""
     cfg, engine = setup.cfg, setup.engine
     sample = ""
     chat = getattr(setup.source, "sample_messages", None)  # a chat source: a reply to its last conversation
-    if engine.units.has_logits and (setup.corpus is not None or chat):
+    n_new = cfg.train.sample_tokens
+    if n_new and engine.units.has_logits and (setup.corpus is not None or chat):
         generator = Generator(engine.view, engine.forward_params(state), cfg.model.seq_len, engine.units.has_decode,
                               vocab=setup.source.vocab_size)
-        sample = sample_text(generator, setup.corpus, cfg.train.seed) if setup.corpus is not None else \
-            sample_reply(generator, setup.source, cfg.train.seed)
+        sample = sample_text(generator, setup.corpus, cfg.train.seed, n_new=n_new) if setup.corpus is not None else \
+            sample_reply(generator, setup.source, cfg.train.seed, n_new)
     if lead:
         (cfg.run_dir / "sample.txt").write_text(sample)
     return sample
