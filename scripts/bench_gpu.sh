@@ -20,6 +20,9 @@ if [[ "${1:-}" == "--dry-run" ]]; then dry_run=true; shift; fi
 if $dry_run; then
   py="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}"
   export JAX_PLATFORMS=cpu
+  # The rehearsal checks the plan's plumbing, not CPU speed: LLVM's optimisations cost more
+  # compile time than they save on its tiny shapes.
+  export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
   # 218 s alone on this workplace's 2-core machine (2026-12-01); CI runs it beside another test
   # worker, where 300 s was not enough (fit_s0 was cut short), so the cap leaves room for that.
   cap=600

@@ -92,7 +92,7 @@ def test_the_mask_is_causal_within_segments_and_both_ways_in_the_prefix():
 
 PACKED = ["data.source=packed_source:build", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
           "model.d_ff=64", f"model.seq_len={T}", "train.global_batch=16", "zero.min_shard_size=64",
-          "train.steps=3", "train.log_every=1", "train.eval_every=3", "train.eval_batches=1", "train.ckpt_every=0"]
+          "train.steps=3", "train.log_every=1", "train.eval_every=3", "train.sample_tokens=0", "train.eval_batches=1", "train.ckpt_every=0"]
 
 
 @pytest.mark.parametrize("family, extra", [

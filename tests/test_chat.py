@@ -197,7 +197,7 @@ def test_a_packed_chat_run_on_8_devices_is_one_devices_run(tmp_path):
     common = [f"data.source={source}", f"data.tokenizer={FIXTURES / 'llama3'}", "model.family=llama",
               "model.vocab_size=512", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64",
               "model.seq_len=64", "train.global_batch=16", "zero.min_shard_size=64", "train.steps=3",
-              "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.report=false"]
+              "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0", "train.report=false"]
     ref, _ = run(common + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd", f"train.out_dir={tmp_path / 'one'}"])
     losses, _ = run(common + ["zero.stage=3", "train.grad_accum=2", f"train.out_dir={tmp_path / 'many'}"])
     np.testing.assert_allclose(losses, ref, rtol=1e-5)

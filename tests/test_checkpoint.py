@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import sigterm_during
+from conftest import FAST_COMPILE, sigterm_during
 from zerojax import cli, config, train
 from zerojax.train import checkpoint
 from zerojax.train import export as export_lib
 
 # Padded on 8 and on 4 devices (vocab 300, d_model 36): restore must re-pad for the new size.
 BASE = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=2", "model.n_heads=2", "model.d_ff=72",
-        "model.seq_len=16", "train.global_batch=16", "train.log_every=1", "train.eval_every=0",
+        "model.seq_len=16", "train.global_batch=16", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
         "zero.min_shard_size=64", "train.steps=12", "train.ckpt_every=3"]
 
 
@@ -133,7 +133,7 @@ def test_not_a_checkpoint_exits_2(tmp_path, capsys):
 
 def start(out, *extra):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = FAST_COMPILE  # no device count: the CLI must simulate its 8 CPU devices by itself
     args = [sys.executable, "-m", "zerojax", "train", "--no-progress", *BASE, "train.steps=24", "train.ckpt_every=2",
             f"train.out_dir={out}", *extra]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import FAST_COMPILE
 from zerojax import cli
 from zerojax.config import rules
 from zerojax.parallel import mesh
@@ -20,7 +21,7 @@ from zerojax.train import step as step_lib
 
 def zerojax(*args, cwd):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # the CLI must simulate its 8 CPU devices by itself
+    env["XLA_FLAGS"] = FAST_COMPILE  # no device count: the CLI must simulate its 8 CPU devices by itself
     return subprocess.run([sys.executable, "-m", "zerojax", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 

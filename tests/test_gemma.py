@@ -21,7 +21,7 @@ from zerojax.models import gemma
 FIXTURE = ROOT / "tests" / "fixtures" / "hf" / "gemma"
 TINY = ["model.family=gemma", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=1",
         "model.head_dim=16", "model.d_ff=48", "model.seq_len=16", "train.global_batch=32", "zero.min_shard_size=64",
-        "train.steps=3", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+        "train.steps=3", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0"]
 
 
 def reference():

@@ -99,7 +99,7 @@ def test_padding_is_invisible(tmp_path):
     tokens = np.random.default_rng(0).integers(0, 250, 20_000).astype(np.uint16)
     np.save(tmp_path / "tokens.npy", tokens)
     common = ["model.vocab_size=250", "model.d_model=36", "model.n_heads=2", "model.n_layers=2", "model.d_ff=72",
-              "model.seq_len=16", "train.steps=4", "train.log_every=1", "train.eval_every=0",
+              "model.seq_len=16", "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
               f"data.source={tmp_path / 'tokens.npy'}", "train.global_batch=16", "zero.min_shard_size=64"]
     one, _ = run(common + ["mesh.replica=1", "mesh.data=1", "zero.stage=0", f"train.out_dir={tmp_path / 'a'}"])
     three, result = run(common + ["zero.stage=3", f"train.out_dir={tmp_path / 'b'}"])

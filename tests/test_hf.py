@@ -18,7 +18,7 @@ from zerojax.train import checkpoint
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 NAMES = ["llama-gqa", "llama-tied", "gpt2"]
-STEPS = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "optim.warmup_steps=0",
+STEPS = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "optim.warmup_steps=0",
          "optim.lr=1e-3", "zero.min_shard_size=64"]
 
 
@@ -147,7 +147,7 @@ def test_an_override_that_contradicts_the_checkpoint_names_both(tmp_path, capsys
 
 def test_the_fine_tuning_recipe_runs(tmp_path):
     cfg = config.load(ROOT / "configs" / "finetune-llama.yaml",
-                      [f"model.init_from={FIXTURES / 'llama-gqa'}", "train.steps=2", "train.eval_every=0",
+                      [f"model.init_from={FIXTURES / 'llama-gqa'}", "train.steps=2", "train.eval_every=0", "train.sample_tokens=0",
                        "train.ckpt_every=0", "train.global_batch=16", "train.log_every=1", f"train.out_dir={tmp_path}"])
     assert (cfg.model.family, cfg.model.d_model, cfg.zero.stage, cfg.optim.lr) == ("llama", 32, 3, 2e-5)
     result = train.run(cfg, show_progress=False)

@@ -253,7 +253,7 @@ def test_a_run_keeps_the_statistics_beside_its_checkpoints(tmp_path):
     # run writes beside its checkpoints.
     out = tmp_path / "run"
     code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles", *PI0,
-                     "train.steps=1", "train.log_every=1", "train.global_batch=8", "train.eval_every=0",
+                     "train.steps=1", "train.log_every=1", "train.global_batch=8", "train.eval_every=0", "train.sample_tokens=0",
                      "train.ckpt_every=0", "zero.min_shard_size=64", f"train.out_dir={out}"])
     assert code == 0
     assert np.isfinite(json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"])

@@ -13,7 +13,7 @@ from zerojax.analysis import measure
 
 TINY = ["model.family=llama", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
         "model.d_ff=48", "model.seq_len=16", "train.global_batch=32", "zero.min_shard_size=64", "train.steps=5",
-        "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+        "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0"]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from zerojax.interop import hf
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 BASE = FIXTURES / "llama-gqa"
 ADAPTER = FIXTURES / "llama-gqa-lora"
-LORA = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "optim.warmup_steps=0",
+LORA = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "optim.warmup_steps=0",
         "zero.min_shard_size=64", f"model.init_from={BASE}", "model.seq_len=32", "optim.lora.rank=4",
         "optim.lora.alpha=8", "optim.lora.targets=*proj/kernel", "train.ckpt_every=0", "train.steps=3",
         "optim.lr=1e-2"]

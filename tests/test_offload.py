@@ -150,7 +150,7 @@ def test_a_checkpoint_moves_between_placements(tmp_path):
     (rtol 1e-6; padded leaves: vocab 300, d 36)."""
     base = ["model.d_model=36", "model.vocab_size=300", "model.n_layers=3", "model.n_heads=2", "model.d_ff=72",
             "model.seq_len=16", "train.global_batch=16", "train.grad_accum=2", "train.log_every=1",
-            "train.eval_every=0", "zero.min_shard_size=64", "train.steps=6", "train.ckpt_every=2", "zero.stage=3"]
+            "train.eval_every=0", "train.sample_tokens=0", "zero.min_shard_size=64", "train.steps=6", "train.ckpt_every=2", "zero.stage=3"]
 
     def run(out, *extra):
         return train.run(config.load(overrides=base + [f"train.out_dir={out}", *extra]), show_progress=False)

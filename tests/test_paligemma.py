@@ -29,7 +29,7 @@ TINY = ["model.family=paligemma", "model.d_model=32", "model.n_layers=2", "model
         "model.vision.image_size=16", "model.vision.patch_size=4", "model.vision.d_model=32",
         "model.vision.n_layers=2", "model.vision.n_heads=4", "model.vision.d_ff=64",
         "data.source=vlm_source:build", "train.global_batch=16", "zero.min_shard_size=64", "train.steps=3",
-        "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "optim.warmup_steps=0",
+        "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0", "optim.warmup_steps=0",
         "model.remat=none"]
 
 

@@ -20,7 +20,7 @@ TINY = ["model.family=pi0", "data.source=pi0_source:build", "model.vocab_size=64
         "model.action.prompt_len=6", "model.action.action_dim=3", "model.vision.image_size=28",
         "model.vision.patch_size=14", "model.vision.d_model=24", "model.vision.n_heads=2", "model.vision.d_ff=48",
         "train.global_batch=16", "zero.min_shard_size=64", "train.steps=3", "train.log_every=1",
-        "train.eval_every=0", "train.ckpt_every=0", "optim.warmup_steps=0", "model.remat=none"]
+        "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0", "optim.warmup_steps=0", "model.remat=none"]
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, run, sigterm_during
+from conftest import FAST_COMPILE, ROOT, run, sigterm_during
 from zerojax import cli, config, train
 from zerojax.train import checkpoint
 
 TESTS = ROOT / "tests"
 FAMILY = "model.family=twostack_model:build"
 TINY = [FAMILY, "model.d_model=32", "model.n_layers=2", "model.seq_len=16", "train.global_batch=32",
-        "zero.min_shard_size=64", "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+        "zero.min_shard_size=64", "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def reference(tmp_path_factory):
 def test_a_model_of_your_own_matches_one_device(extra, reference, tmp_path):
     # The masked loss gives each device's rows a different weight: only the weighted mean of
     # protocol.py (Σ w·l / Σ w) makes 8 devices and 2 microbatches equal one device.
-    losses, result = run(TINY + extra + [f"train.out_dir={tmp_path}"])
+    losses, result = run(TINY + extra + ["train.sample_tokens=200", f"train.out_dir={tmp_path}"])
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
     assert set(result.state.params) == {"tok", "tower", "bridge", "decoder", "final", "readout"}
     assert result.sample == ""  # no `logits` method: nothing to sample
@@ -101,7 +101,7 @@ def test_the_old_key_points_to_the_new_one(capsys):
 
 def zerojax(*args, cwd):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = FAST_COMPILE  # no device count: the CLI must simulate its 8 CPU devices by itself
     return subprocess.run([sys.executable, "-m", "zerojax", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 

@@ -15,7 +15,7 @@ from zerojax.train import sinks
 
 def test_tensorboard_scalars_equal_the_metrics_and_the_profile_is_written(tmp_path):
     out = tmp_path / "run"
-    cfg = config.load(overrides=TINY + ["train.global_batch=16", "train.eval_every=5", f"train.out_dir={out}",
+    cfg = config.load(overrides=TINY + ["train.global_batch=16", "train.eval_every=5", "train.sample_tokens=0", f"train.out_dir={out}",
                                         "train.profile=2:4", "train.report=false"])
     train.run(cfg, show_progress=False)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from zerojax import cli, config, data, train
 
 TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64", "model.seq_len=32",
-        "train.global_batch=16", "train.log_every=1", "train.eval_every=0", "model.vocab_size=320"]
+        "train.global_batch=16", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "model.vocab_size=320"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_a_trained_tokenizer_round_trips_text(tokenizer, text):
 
 
 def test_a_run_trains_on_tokens_cached_once(tokenizer, text, tmp_path, monkeypatch):
-    overrides = TINY + [f"data.source={text}", f"data.tokenizer={tokenizer}", "train.steps=3"]
+    overrides = TINY + [f"data.source={text}", f"data.tokenizer={tokenizer}", "train.steps=3", "train.sample_tokens=20"]
     first = train.run(config.load(overrides=overrides + [f"train.out_dir={tmp_path / 'a'}"]), show_progress=False)
     assert all(np.isfinite(line["loss"]) for line in first.history)
     assert isinstance(first.sample, str) and first.sample.startswith("def ")  # decoded by the tokenizer

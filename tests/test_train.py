@@ -33,7 +33,7 @@ def test_hybrid_mesh_and_grad_accum_equal_the_plain_step(tiny_overrides):
 
 def test_a_short_run_learns_and_writes_the_run_directory(tiny_overrides, tmp_path):
     overrides = tiny_overrides + ["train.steps=60", "train.log_every=10", "train.eval_every=30",
-                                  "optim.warmup_steps=5"]
+                                  "optim.warmup_steps=5", "train.sample_tokens=200"]
     curve, result = losses(overrides)
     assert curve[-1] < curve[0], curve
     run = tmp_path / "run"
