@@ -178,3 +178,17 @@ def test_largest_model_that_fits_a_budget():
     for f in fits.values():
         assert f["peak_bytes"] <= budget_gb * 1e9
     assert fits["3"]["params"] > fits["0"]["params"]  # sharding everything fits a bigger model
+
+
+def test_a_measured_only_compile_has_the_running_steps_buffers_and_collectives(monkeypatch):
+    # `zerojax analyze` and `plan` compile steps they never run with LLVM's optimisations off
+    # (measure.analysis_options); XLA's buffers and collectives come before LLVM, so they agree.
+    cfg = config.load(overrides=TINY + ["zero.stage=3"])
+    measured = {}
+    for level in (0, 3):  # conftest's XLA_FLAGS say 0: the compiler option overrides them
+        monkeypatch.setattr(measure, "analysis_options", lambda level=level: {"xla_backend_optimization_level": level})
+        _, compiled = measure.compile_step(cfg, measured_only=True)
+        text = compiled.as_text()
+        measured[level] = measure.measure_memory(compiled), hlo_lib.collective_bytes(text, 8), hlo_lib.dot_flops(text)
+    assert measured[0] == measured[3]
+    assert measured[0][0]["temp_bytes"] > 0 and measured[0][1]["bytes"]["all-gather"] > 0

@@ -127,7 +127,7 @@ _MEASURED: dict = {}  # config -> what its compiled step measured: a second plan
 def measured(cfg, devices: int) -> tuple[dict, float, dict]:
     """(memory, dot FLOPs, collectives) of `cfg`'s compiled step per device."""
     if cfg not in _MEASURED:
-        _, compiled = measure.compile_step(cfg)
+        _, compiled = measure.compile_step(cfg, measured_only=True)
         text = compiled.as_text()
         _MEASURED[cfg] = measure.measure_memory(compiled), hlo.dot_flops(text), hlo.collective_bytes(text, devices)
     return _MEASURED[cfg]
