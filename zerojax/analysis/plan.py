@@ -206,7 +206,7 @@ def document(cfg, target: Target, rows: list, best: dict | None, compiles: int) 
            "budget_bytes": target.budget_bytes, "compiles": compiles,
            "winner": public(best) if best else None, "candidates": [public(r) for r in rows]}
     if best is None:
-        doc["nothing_fits"] = what_would_fit(cfg, target, rows)
+        doc["nothing_fits"] = what_would_fit(cfg, target, rows) | lora_that_fits(cfg, target, rows)
     return doc
 
 
@@ -226,6 +226,31 @@ def what_would_fit(cfg, target: Target, rows: list) -> dict:
     devices = next((m for m in range(n + 1, 100 * n + 1) if cfg.train.global_batch % m == 0
                     and rest + shard * n / m <= target.budget_bytes), None) if shard else None
     return {"smallest_peak_bytes": least["peak_bytes"], "overrides": cand.overrides(), "devices": devices}
+
+
+LORA_RANKS = (4, 16)  # tried when a full fine-tune fits nowhere: the smallest first (if it does not fit, none does)
+
+
+def lora_that_fits(cfg, target: Target, rows: list) -> dict:
+    """When a full fine-tune fits nowhere: the largest rank of LORA_RANKS (adapters on
+    optim.lora.targets, a frozen base) at which the least-memory compiled candidate fits,
+    compiled; {"lora": None, "lora_why": ...} where none does. (No formula prunes this: a frozen
+    base also drops the weight gradients' temporaries, more than its model states say.)"""
+    compiled = [r for r in rows if r.get("compiled")]
+    if cfg.optim.lora.rank or cfg.optim.freeze or not compiled:
+        return {}
+    cand = min(compiled, key=lambda r: r["peak_bytes"])["candidate"]
+    fits = None
+    for rank in LORA_RANKS:
+        lora = dataclasses.replace(cfg, optim=dataclasses.replace(
+            cfg.optim, lora=dataclasses.replace(cfg.optim.lora, rank=rank)))
+        peak = peak_bytes(measured(cand.apply(lora), target.devices)[0])
+        if peak > target.budget_bytes:
+            break
+        fits = {"overrides": [f"optim.lora.rank={rank}", *cand.overrides()], "peak_bytes": peak}
+    if fits:
+        return {"lora": fits}
+    return {"lora": None, "lora_why": f"with optim.lora.rank={LORA_RANKS[0]} it peaks at {peak / GB:.3g} GB"}
 
 
 def simulate_on_cpu() -> None:

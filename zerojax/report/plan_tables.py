@@ -61,3 +61,8 @@ def _nothing_fits(doc: dict):
     elif least is not None:
         yield Text("more devices would not fit it: what stays is not sharded model state (activations, "
                    "the step's temporaries); shorten model.seq_len or the microbatch")
+    if why.get("lora"):
+        yield Text(f"LoRA fits: {' '.join(why['lora']['overrides'])} (compiled peak "
+                   f"{human_bytes(why['lora']['peak_bytes'])})")
+    elif why.get("lora_why"):
+        yield Text(f"LoRA would not fit either: {why['lora_why']}")
