@@ -13,19 +13,18 @@ The observation is one frame of the training dataset's features, keyed as the ru
 It becomes π0's batch of one row through the functions training builds its rows with
 (`lerobot.observation`, `policy.observation_batch`): normalized with the run's statistics,
 resized with padding, tokenized with the run's tokenizer. `sample_actions` runs on it (jitted
-once) with fresh noise for each request: request n (counted from 0 over the server's life,
-all connections together) draws jax.random.normal(fold_in(key(seed), n), [1, H, max_action_dim]),
-so a restarted server answers the same requests with the same actions. The actions are cut to
+once) with fresh noise for each request: request n (the server counts them from 0 over its
+life, all connections together) draws jax.random.normal(fold_in(key(seed), n), [1, H,
+max_action_dim]), so a restarted server answers the same requests with the same actions. The actions are cut to
 the dataset's action width and unnormalized with the run's statistics: float32 [H, D_a].
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -63,7 +62,6 @@ class ServedPolicy:
     fps: float = 0.0
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
-    _requests: object = field(default_factory=itertools.count)
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
@@ -103,10 +101,11 @@ class ServedPolicy:
         return policy_rows.observation_batch({k: v[None] for k, v in row.items()}, self.cameras,
                                              self.action["cameras"], self.action["max_state_dim"])
 
-    def infer(self, obs) -> dict:
-        """{"actions": float32 [H, D_a]} in the robot's units, for one observation."""
+    def infer(self, obs, request: int) -> dict:
+        """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
+        noise of request number `request` (module docstring)."""
         batch = self.batch(obs)
-        actions = np.asarray(self._sample(self.params, batch, np.uint32(next(self._requests))))
+        actions = np.asarray(self._sample(self.params, batch, np.uint32(request)))
         norm = self.norms[ACTION]
         return {"actions": lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])}
 
@@ -130,8 +129,7 @@ class ServedPolicy:
                           "'prompt' str"])
 
     def warm_up(self) -> None:
-        """Compile sample_actions and time one call after it, on a blank observation (the
-        request count is left as it was)."""
+        """Compile sample_actions and time one call after it, on a blank observation."""
         blank = {STATE: np.zeros(self.state_dim, np.float32), "prompt": "",
                  **{c: np.zeros(self.features[c]["shape"], np.uint8) for c in self.cameras}}
         batch = self.batch(blank)

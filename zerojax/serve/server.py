@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import http
+import itertools
 import logging
 import threading
 import time
@@ -40,12 +41,14 @@ BAD_INPUT = (ObservationError, wire.WireError)
 
 
 class PolicyServer:
-    """Serves `policy` (anything with `metadata()`, `max_message_bytes` and `infer(obs)`) on
-    host:port (0: a free port; `port` is the bound one once serving)."""
+    """Serves `policy` (anything with `metadata()`, `max_message_bytes` and `infer(obs, n)`) on
+    host:port (0: a free port; `port` is the bound one once serving). It counts the requests
+    (n = 0, 1, ... over its life, all connections together): the policy's noise is drawn from n."""
 
     def __init__(self, policy, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None):
         self.policy, self.host, self.port, self.api_key = policy, host, port, api_key
         self._metadata = wire.pack(policy.metadata())
+        self._requests = itertools.count()
         self._loop = self._server = self._thread = None
 
     def serve_forever(self, on_ready=None) -> None:
@@ -108,7 +111,7 @@ class PolicyServer:
             try:
                 obs = wire.unpack(message)
                 infer_start = time.monotonic()
-                reply = self.policy.infer(obs)
+                reply = self.policy.infer(obs, next(self._requests))
                 timing = {"infer_ms": (time.monotonic() - infer_start) * 1e3}
             except Exception as err:  # noqa: BLE001 - any failure ends this connection, never the server
                 await self._refuse(connection, err)
