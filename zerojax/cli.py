@@ -6,8 +6,9 @@ form its mesh or go on (`DistributedError`, `TrainingError`) prints one line and
 other failure, including a bug in a user's model, exits 1 with its traceback.
 
 The choices of the options are the config's enumerations (`config.rules`). Only the commands
-that build a model import jax (train, analyze, export, report's analysis, memory --config), in
-their own bodies: `zerojax memory --params` and `zerojax formats` answer without it.
+that build a model import jax (train, analyze, export, generate, serve, report's analysis,
+memory --config), in their own bodies: `zerojax memory --params` and `zerojax formats` answer
+without it; only `serve` imports its extra (websockets, msgpack).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def build_parser() -> Parser:
                                                     "Hugging Face directory"))
     _generate_arguments(sub.add_parser("generate", help="text from a run's checkpoint or a Hugging Face directory "
                                                         "(a prompt, or a conversation on stdin), with a KV cache"))
+    _serve_arguments(sub.add_parser("serve", help="a π0 run's policy over openpi's websocket protocol "
+                                                  "(openpi's WebsocketClientPolicy connects to it)"))
     _tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)"))
     _report_arguments(sub.add_parser("report", help="one self-contained HTML page: format explorer, memory "
                                                     "calculator, the stages measured and the curves of runs"))
@@ -139,6 +142,20 @@ def _generate_arguments(generate: Parser) -> None:
     generate.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
 
 
+def _serve_arguments(serve: Parser) -> None:
+    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR")
+    serve.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=port_number, default=8000, help="default 8000 (openpi's); 0: any free port")
+    serve.add_argument("--num-steps", type=positive_int, default=10, metavar="N",
+                       help="Euler steps of the flow from noise to actions (default 10, as π0's)")
+    serve.add_argument("--seed", type=int, default=0, metavar="S", help="the noise's seed (request n draws from "
+                       "fold_in(key(S), n))")
+    serve.add_argument("--api-key", metavar="KEY", help="refuse connections without the header "
+                       "Authorization: Api-Key KEY (default: $ZEROJAX_API_KEY, else none)")
+
+
 def _tokenizer_arguments(tokenizer: Parser) -> None:
     tokenizer.add_argument("action", choices=["train"])
     tokenizer.add_argument("source", nargs="?", default="stdlib", metavar="SOURCE",
@@ -193,6 +210,16 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port; use 0-65535 (0: any free port)")
     return value
 
 
@@ -343,6 +370,29 @@ def _speed(stats) -> None:
           file=sys.stderr, flush=True)
 
 
+def cmd_serve(args) -> int:
+    from zerojax import serve
+
+    serve.require()  # the extra, before a model is loaded
+    from zerojax.serve import policy, server
+
+    served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
+    print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
+          f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
+    api_key = args.api_key or os.environ.get("ZEROJAX_API_KEY") or None
+
+    def listening(port: int) -> None:
+        print(f"zerojax: listening on ws://{args.host}:{port} (openpi's websocket policy protocol"
+              f"{', API key required' if api_key else ''}; GET /healthz)", flush=True)
+
+    try:
+        server.PolicyServer(served, args.host, args.port, api_key).serve_forever(listening)
+    except OSError as err:  # the address is taken, or not this machine's
+        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
+                          "choose another --port or --host") from None
+    return 0
+
+
 def cmd_report(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -385,7 +435,7 @@ def cmd_tokenizer(args) -> int:
 
 COMMANDS = {"train": cmd_train, "generate": cmd_generate, "tokenizer": cmd_tokenizer, "memory": cmd_memory,
             "analyze": cmd_analyze, "plan": cmd_plan, "export": cmd_export,
-            "formats": cmd_formats, "report": cmd_report}
+            "serve": cmd_serve, "formats": cmd_formats, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

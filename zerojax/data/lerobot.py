@@ -178,6 +178,20 @@ def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     return tokens, mask
 
 
+def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: str, size: int, prompt_len: int,
+                tokenizer) -> dict:
+    """One frame's observation as the batch holds it (module docstring): from `raw`, the state
+    float32 [D_s] in the robot's units, each camera float32 [3, h, w] in [0, 1] and the task's
+    text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
+    tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
+    served policy reads cannot drift from what it was trained on."""
+    out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
+    for camera in cameras:
+        out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size)
+    out["tokens"], out["token_mask"] = prompt(raw["task"], prompt_len, tokenizer)
+    return out
+
+
 class LeRobotSource:
     """The source (module docstring): `item(index)` is one frame's row, `rows` a step's."""
 
@@ -236,13 +250,11 @@ class LeRobotSource:
         return item
 
     def item(self, index: int) -> dict:
-        raw = self.raw_item(index)
-        stats = self.dataset.stats
-        out = {key: normalize(raw[key], stats.get(key, {}), self.norms[key]) for key in (STATE, ACTION)}
+        raw, stats = self.raw_item(index), self.dataset.stats
+        out = observation(raw, self.cameras, stats.get(STATE, {}), self.norms[STATE], self.size, self.prompt_len,
+                          self.tokenizer)
+        out[ACTION] = normalize(raw[ACTION], stats.get(ACTION, {}), self.norms[ACTION])
         out["action_is_pad"] = raw["action_is_pad"]
-        for camera in self.cameras:
-            out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), self.size)
-        out["tokens"], out["token_mask"] = prompt(raw["task"], self.prompt_len, self.tokenizer)
         return out
 
 

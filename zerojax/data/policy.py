@@ -79,15 +79,24 @@ class PolicyRows:
 
     def rows(self, split: int, step: int, rows: slice) -> dict:
         raw, a = self.source.rows(split, step, rows), self.cfg.model.action
-        n = len(raw["tokens"])
-        missing = a.cameras - len(self.cameras)
-        images = np.stack([raw[c] for c in self.cameras], axis=1)
-        if missing:  # as LeRobot's prepare_images: an empty camera is all -1, masked
-            images = np.concatenate([images, np.full((n, missing, *images.shape[2:]), -1, np.float32)], axis=1)
-        masks = np.broadcast_to(np.arange(a.cameras) < len(self.cameras), (n, a.cameras)).copy()
         bounds = rows.indices(self._spec["time"].shape[0])
         noise, time = flow.noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon,
                                           a.max_action_dim)
-        return {"images": images, "image_masks": masks, "tokens": raw["tokens"], "token_mask": raw["token_mask"],
-                "state": pad_last(raw[STATE], a.max_state_dim), "actions": pad_last(raw[ACTION], a.max_action_dim),
-                "action_is_pad": raw["action_is_pad"], "noise": noise, "time": time}
+        return {**observation_batch(raw, self.cameras, a.cameras, a.max_state_dim),
+                "actions": pad_last(raw[ACTION], a.max_action_dim), "action_is_pad": raw["action_is_pad"],
+                "noise": noise, "time": time}
+
+
+def observation_batch(raw: dict, cameras: list[str], slots: int, max_state_dim: int) -> dict:
+    """π0's observation (images, image_masks, tokens, token_mask, state) from stacked rows of the
+    dataset's (`lerobot.observation`, batch first): the cameras stacked into `slots` (an empty
+    slot all -1 and masked, as LeRobot's prepare_images fills it), the state zero-padded.
+    Training (`PolicyRows.rows`) and `zerojax serve` both build it here."""
+    n = len(raw["tokens"])
+    images = np.stack([raw[c] for c in cameras], axis=1)
+    if slots > len(cameras):
+        images = np.concatenate([images, np.full((n, slots - len(cameras), *images.shape[2:]), -1, np.float32)],
+                                axis=1)
+    masks = np.broadcast_to(np.arange(slots) < len(cameras), (n, slots)).copy()
+    return {"images": images, "image_masks": masks, "tokens": raw["tokens"], "token_mask": raw["token_mask"],
+            "state": pad_last(raw[STATE], max_state_dim)}

@@ -137,6 +137,14 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
 
+def saved_config(run_dir: Path, step: int | None = None) -> tuple[dict, int]:
+    """(the run's config as checkpoint `step` (default: the newest) saved it, the step), its
+    weights left unread: what a command checks before it loads a model."""
+    mgr, step, meta = _open_run(run_dir, step)
+    mgr.close()
+    return meta["config"], step
+
+
 def load_model(run_dir: Path, step: int | None = None):
     """(the run's config as saved, the step, its model on one device in fp32 with that
     checkpoint's weights, LoRA adapters included), each leaf read whole: `zerojax generate`."""

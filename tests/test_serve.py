@@ -1,0 +1,252 @@
+"""`zerojax serve` speaks openpi's websocket policy protocol: a tiny π0 trained for a step on the
+LeRobot fixture, served on a free port in a background thread, driven by a client written as
+openpi's `WebsocketClientPolicy` is (websockets' sync client; msgpack-numpy encoded here as
+openpi_client.msgpack_numpy does, apart from zerojax's own encoder). The actions must equal
+`sample_actions` on the training batch of the same frame, with the same noise, unnormalized."""
+
+import json
+import shutil
+import sys
+import urllib.request
+
+import jax
+import msgpack
+import numpy as np
+import pytest
+import websockets
+import websockets.sync.client
+from flax import nnx
+
+from conftest import ROOT, TINY
+from zerojax import cli, config
+from zerojax.data import sources
+from zerojax.serve import policy, server
+from zerojax.train import export
+
+FIXTURE = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
+CAMERAS = ("observation.images.front", "observation.images.wrist")  # video [24, 32, 3], image [16, 16, 3]
+# tests/test_lerobot.py's π0 (a third camera slot the dataset lacks), its actions normalized by quantiles
+TRAIN = [f"data.source=lerobot:{FIXTURE}", "data.norm_action=quantiles", "model.family=pi0", "model.vocab_size=256",
+         "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=8",
+         "model.d_ff=32", "model.expert.d_model=16", "model.expert.d_ff=32", "model.vision.image_size=8",
+         "model.vision.patch_size=4", "model.vision.d_model=16", "model.vision.n_layers=1", "model.vision.n_heads=2",
+         "model.vision.d_ff=32", "model.action.horizon=2", "model.action.prompt_len=16",
+         "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
+         "model.action.cameras=3", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16",
+         "train.global_batch=8", "train.steps=1", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
+         "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64"]
+SEED, STEPS = 3, 3  # the noise's seed; Euler steps (not π0's 10: the reference runs them too)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve") / "run"
+    assert cli.main(["train", "--no-progress", *TRAIN, f"train.out_dir={out}"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(run_dir):
+    return policy.load(run_dir, num_steps=STEPS, seed=SEED)
+
+
+@pytest.fixture
+def port(served):
+    """A fresh server (its request count from 0) on a free port, for one test."""
+    srv = server.PolicyServer(served, port=0)
+    yield srv.start()
+    srv.stop()
+
+
+# -- a client as openpi's: openpi_client.msgpack_numpy and websocket_client_policy ----------------
+
+def pack(obj) -> bytes:
+    def default(x):
+        if isinstance(x, np.ndarray):
+            return {b"__ndarray__": True, b"data": x.tobytes(), b"dtype": x.dtype.str, b"shape": x.shape}
+        if isinstance(x, np.generic):
+            return {b"__npgeneric__": True, b"data": x.item(), b"dtype": x.dtype.str}
+        return x
+
+    return msgpack.packb(obj, default=default)
+
+
+def unpack(data: bytes):
+    def hook(d):
+        if b"__ndarray__" in d:
+            return np.ndarray(buffer=d[b"data"], dtype=np.dtype(d[b"dtype"]), shape=d[b"shape"])
+        return d
+
+    return msgpack.unpackb(data, object_hook=hook)
+
+
+class Client:
+    """WebsocketClientPolicy's connect, metadata and infer."""
+
+    def __init__(self, port: int, api_key: str | None = None):
+        headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
+        self.ws = websockets.sync.client.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None,
+                                                 additional_headers=headers)
+        self.metadata = unpack(self.ws.recv())
+
+    def infer(self, obs: dict) -> dict:
+        self.ws.send(pack(obs))
+        response = self.ws.recv()
+        if isinstance(response, str):  # as openpi's client: text is the server's error
+            raise RuntimeError(f"Error in inference server:\n{response}")
+        return unpack(response)
+
+
+# -- the training batch's frames as observations --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def frames():
+    """(observations as a robot sends them, π0's training batch of the same frames)."""
+    src = sources.open_source(config.load(overrides=TRAIN))
+    ds, batch = src.source.dataset, src.rows(0, 0, slice(None))
+    observations = []
+    for index in src.source.frames_of(0, 0):
+        numbers = ds.numbers(int(index), 2)
+        observations.append({"observation.state": numbers["observation.state"].astype(np.float64),
+                             "prompt": numbers["task"],
+                             **{c: ds.image(c, int(index), src.source.video) for c in CAMERAS}})  # uint8 HWC
+    return observations, batch
+
+
+def direct(run_dir, sample, batch, row: int, request: int) -> np.ndarray:
+    """sample_actions on the training batch's row, request `request`'s noise, the actions unnormalized
+    by hand (quantiles: (x + 1)(q99 - q01) / 2 + q01)."""
+    obs = {k: batch[k][row:row + 1] for k in ("images", "image_masks", "tokens", "token_mask", "state")}
+    noise = jax.random.normal(jax.random.fold_in(jax.random.key(SEED), request), (1, 2, 4))
+    x = np.asarray(sample(obs, noise))[0, :, :2]
+    stats = json.loads((run_dir / "lerobot.json").read_text())["normalization"]["action"]
+    q01, q99 = np.asarray(stats["q01"], np.float32), np.asarray(stats["q99"], np.float32)
+    return (x + 1) * (q99 - q01) / 2 + q01
+
+
+def test_metadata_first_then_actions_equal_sample_actions_on_the_training_batch(run_dir, port, frames):
+    observations, batch = frames
+    client = Client(port)
+    meta = client.metadata
+    assert meta["observation"] == {"observation.state": {"shape": [3], "dtype": "float32"},
+                                   CAMERAS[0]: {"shape": [24, 32, 3], "dtype": "uint8"},
+                                   CAMERAS[1]: {"shape": [16, 16, 3], "dtype": "uint8"}, "prompt": {"dtype": "str"}}
+    assert (meta["action_horizon"], meta["action_dim"], meta["action_names"]) == (2, 2, ["dx", "dy"])
+    first, second = client.infer(observations[0]), client.infer(observations[1])
+    assert first["actions"].shape == (2, 2) and first["actions"].dtype == np.float32
+    assert first["server_timing"]["infer_ms"] > 0 and "prev_total_ms" not in first["server_timing"]
+    assert second["server_timing"]["prev_total_ms"] >= first["server_timing"]["infer_ms"]
+    _, _, model = export.load_model(run_dir)  # loaded again, apart from the server's
+    graphdef, params = nnx.split(model)
+    sample = jax.jit(lambda obs, noise: nnx.merge(graphdef, params).sample_actions(obs, noise, STEPS))
+    np.testing.assert_allclose(first["actions"], direct(run_dir, sample, batch, 0, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(second["actions"], direct(run_dir, sample, batch, 1, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_each_request_has_fresh_noise_and_a_restart_repeats_them(served, frames):
+    obs = frames[0][0]
+    answers = []
+    for _ in range(2):  # the server started twice, with the same seed
+        srv = server.PolicyServer(served, port=0)
+        client = Client(srv.start())
+        answers.append([client.infer(obs)["actions"] for _ in range(2)])
+        srv.stop()
+    assert not np.allclose(answers[0][0], answers[0][1])  # the same observation, new noise
+    np.testing.assert_array_equal(answers[0][0], answers[1][0])
+    np.testing.assert_array_equal(answers[0][1], answers[1][1])
+
+
+def test_images_are_read_as_uint8_hwc_chw_or_unit_floats_alike(served, frames):
+    obs = frames[0][0]
+    reference = served.batch(obs)
+    for convert in (lambda x: x.transpose(2, 0, 1), lambda x: x.transpose(2, 0, 1) / np.float32(255)):
+        other = served.batch({**obs, **{c: convert(obs[c]) for c in CAMERAS}})
+        np.testing.assert_allclose(other["images"], reference["images"], rtol=0, atol=1e-6)
+
+
+BAD = {  # what is sent, what the error must say
+    "missing camera": (lambda obs: pack({k: v for k, v in obs.items() if k != CAMERAS[1]}),
+                       "no 'observation.images.wrist'; this policy reads 'observation.state' [3], "
+                       "'observation.images.front' uint8 [h, w, 3], 'observation.images.wrist'"),
+    "wrong state size": (lambda obs: pack({**obs, "observation.state": np.zeros(4)}),
+                         "'observation.state' must be 3 real numbers (shape [3]"),
+    "NaN in the state": (lambda obs: pack({**obs, "observation.state": np.array([0, np.nan, 0])}),
+                         "'observation.state' holds a NaN"),
+    "unknown key": (lambda obs: pack({**obs, "observation/image": obs[CAMERAS[0]]}), "unknown key 'observation/image'"),
+    "image dtype": (lambda obs: pack({**obs, CAMERAS[0]: obs[CAMERAS[0]].astype(np.int64)}),
+                    "'observation.images.front' must be uint8 (0-255) or float in [0, 1]"),
+    "no prompt": (lambda obs: pack({k: v for k, v in obs.items() if k != "prompt"}), "no 'prompt'"),
+    "malformed msgpack": (lambda obs: b"\xc1\x00", "not a msgpack message"),
+    "a text frame": (lambda obs: "hello", "expected a binary msgpack frame"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_bad_observation_is_answered_with_its_error_and_others_are_still_served(case, port, frames):
+    obs = frames[0][0]
+    bystander = Client(port)  # connected before, served after
+    bad = Client(port)
+    make, message = BAD[case]
+    bad.ws.send(make(obs))
+    reply = bad.ws.recv()
+    assert isinstance(reply, str) and message in reply, reply
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        bad.ws.recv()
+    assert closed.value.rcvd.code == 1008
+    assert bystander.infer(obs)["actions"].shape == (2, 2)
+    assert Client(port).infer(obs)["actions"].shape == (2, 2)
+
+
+def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, frames):
+    srv = server.PolicyServer(served, port=0, api_key="s3cret")
+    port = srv.start()
+    try:
+        with pytest.raises(websockets.InvalidStatus, match="401"):
+            Client(port)
+        with pytest.raises(websockets.InvalidStatus, match="401"):
+            Client(port, api_key="guess")
+        assert Client(port, api_key="s3cret").infer(frames[0][0])["actions"].shape == (2, 2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as answer:
+            assert (answer.status, answer.read()) == (200, b"OK\n")
+    finally:
+        srv.stop()
+
+
+# -- bad command lines: one line, exit 2 -------------------------------------------------------------
+
+def one_error_line(argv, capsys) -> str:
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
+    return err[0]
+
+
+def test_a_directory_without_checkpoints_is_refused(tmp_path, capsys):
+    assert "holds no checkpoints/ directory" in one_error_line(["serve", str(tmp_path)], capsys)
+
+
+def test_a_step_the_run_does_not_have_is_refused(run_dir, capsys):
+    assert "has no step 7 (complete steps: [1])" in one_error_line(["serve", str(run_dir), "--step", "7"], capsys)
+
+
+def test_a_run_without_lerobot_statistics_is_refused(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "lerobot.json").unlink()
+    assert "lerobot.json: no such file" in one_error_line(["serve", str(copy)], capsys)
+
+
+def test_a_run_that_is_not_pi0_is_refused(tmp_path, capsys):
+    out = tmp_path / "gpt"
+    assert cli.main(["train", "--no-progress", *TINY, "model.n_layers=1", "model.seq_len=8", "train.steps=1",
+                     "train.ckpt_every=1", "train.report=false", "train.global_batch=8", "mesh.data=1",
+                     "zero.stage=0", f"train.out_dir={out}"]) == 0
+    capsys.readouterr()
+    line = one_error_line(["serve", str(out)], capsys)
+    assert "is a gpt run (model.family=gpt)" in line and "model.family=pi0" in line
+
+
+def test_a_bad_port_and_a_missing_extra_are_one_line(run_dir, capsys, monkeypatch):
+    assert "'70000' is not a port; use 0-65535" in one_error_line(["serve", str(run_dir), "--port", "70000"], capsys)
+    monkeypatch.setitem(sys.modules, "websockets", None)  # as if the serve extra were not installed
+    assert "pip install 'zerojax[serve]'" in one_error_line(["serve", str(run_dir)], capsys)

@@ -1,0 +1,208 @@
+"""A π0 run served as a policy: an observation in the robot's units in, an action chunk in the
+robot's units out (`zerojax serve`, docs/design.md "Serving a policy").
+
+The observation is one frame of the training dataset's features, keyed as the run saw them
+(RUN_DIR/lerobot.json):
+
+    observation.state         [D_s]            any real dtype, finite: the robot's state
+    observation.images.<cam>  uint8 [h, w, 3]  one per camera the run was trained on (uint8
+                              [3, h, w], or float [3, h, w] / [h, w, 3] in [0, 1], also read);
+                              any h x w, resized with padding as in training
+    prompt (or task)          str              the instruction
+
+It becomes π0's batch of one row through the functions training builds its rows with
+(`lerobot.observation`, `policy.observation_batch`): normalized with the run's statistics,
+resized with padding, tokenized with the run's tokenizer. `sample_actions` runs on it (jitted
+once) with fresh noise for each request: request n (the server counts them from 0 over its
+life, all connections together) draws jax.random.normal(fold_in(key(seed), n), [1, H,
+max_action_dim]), so a restarted server answers the same requests with the same actions. The actions are cut to
+the dataset's action width and unnormalized with the run's statistics: float32 [H, D_a].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from zerojax.data import corpus, lerobot, lerobot_frames
+from zerojax.data import policy as policy_rows
+from zerojax.data.lerobot import ACTION, CAMERA, STATE
+from zerojax.errors import ConfigError
+
+PROMPT_KEYS = ("prompt", "task")  # openpi's clients send "prompt"; LeRobot's frames call it "task"
+FAMILIES = ("pi0",)
+
+
+class ObservationError(ValueError):
+    """An observation the policy cannot read: the message names the key and what it expects."""
+
+
+@dataclass
+class ServedPolicy:
+    """A run's π0 with what it needs to read observations and write actions (module docstring)."""
+
+    where: str  # "RUN_DIR (step N)"
+    model: object  # the loaded π0, one device, fp32
+    features: dict  # lerobot.json's features: the state, the cameras, the action
+    norms: dict  # lerobot.json's normalization: feature -> {"mode", statistics}
+    tokenizer: object  # tokenizers.Tokenizer, or None (bytes)
+    image_size: int
+    prompt_len: int
+    action: dict  # the saved model.action section: horizon, cameras (slots), max_state_dim, max_action_dim
+    num_steps: int
+    seed: int
+    fps: float = 0.0
+    compile_s: float = 0.0  # the first call (compiling sample_actions)
+    call_ms: float = 0.0  # a call after it
+
+    def __post_init__(self):
+        self.cameras = [k for k in self.features if k.startswith(CAMERA)]
+        self.state_dim = width(self.features[STATE])
+        self.action_dim = width(self.features[ACTION])
+        graphdef, self.params = nnx.split(self.model)
+        shape = (1, self.action["horizon"], self.action["max_action_dim"])
+
+        def sample(params, batch, request):
+            noise = jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
+            return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps)
+
+        self._sample = jax.jit(sample)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest observation accepted: every camera as float32 at its dataset size or up
+        to 512 x 512, whichever is larger, and 1 MiB for the state, the prompt and msgpack."""
+        pixels = sum(max(math.prod(self.features[c]["shape"][:2]), 512 * 512) for c in self.cameras)
+        return 2**20 + 4 * 3 * pixels
+
+    def metadata(self) -> dict:
+        """What the server sends on connect: enough for a client to build an observation."""
+        observation = {STATE: {"shape": [self.state_dim], "dtype": "float32"}}
+        observation.update({c: {"shape": list(self.features[c]["shape"]), "dtype": "uint8"} for c in self.cameras})
+        observation["prompt"] = {"dtype": "str"}
+        return {"policy": "zerojax pi0", "run": self.where, "observation": observation,
+                "action_horizon": self.action["horizon"], "action_dim": self.action_dim,
+                "action_names": self.features[ACTION].get("names"), "fps": self.fps, "num_steps": self.num_steps,
+                "seed": self.seed, "max_message_bytes": self.max_message_bytes}
+
+    def batch(self, obs) -> dict:
+        """π0's batch of one row for the observation, as training builds its rows."""
+        raw = self.check(obs)
+        row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
+                                  self.prompt_len, self.tokenizer)
+        return policy_rows.observation_batch({k: v[None] for k, v in row.items()}, self.cameras,
+                                             self.action["cameras"], self.action["max_state_dim"])
+
+    def infer(self, obs, request: int) -> dict:
+        """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
+        noise of request number `request` (module docstring)."""
+        batch = self.batch(obs)
+        actions = np.asarray(self._sample(self.params, batch, np.uint32(request)))
+        norm = self.norms[ACTION]
+        return {"actions": lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])}
+
+    def check(self, obs) -> dict:
+        """The observation as a dataset frame before normalization (lerobot's raw item), or an
+        ObservationError naming the key."""
+        if not isinstance(obs, dict):
+            raise ObservationError(f"an observation is a map of {self.expected()}; got a {type(obs).__name__}")
+        unknown = [k for k in obs if k not in (STATE, *self.cameras, *PROMPT_KEYS)]
+        missing = [k for k in (STATE, *self.cameras) if k not in obs]
+        if unknown or missing:
+            what = "; ".join([f"unknown key {', '.join(map(repr, unknown))}"] * bool(unknown) +
+                             [f"no {', '.join(map(repr, missing))}"] * bool(missing))
+            raise ObservationError(f"observation: {what}; this policy reads {self.expected()}")
+        raw = {STATE: state(obs[STATE], self.state_dim), "task": instruction(obs)}
+        raw.update({c: camera(c, obs[c]) for c in self.cameras})
+        return raw
+
+    def expected(self) -> str:
+        return ", ".join([f"{STATE!r} [{self.state_dim}]", *(f"{c!r} uint8 [h, w, 3]" for c in self.cameras),
+                          "'prompt' str"])
+
+    def warm_up(self) -> None:
+        """Compile sample_actions and time one call after it, on a blank observation."""
+        blank = {STATE: np.zeros(self.state_dim, np.float32), "prompt": "",
+                 **{c: np.zeros(self.features[c]["shape"], np.uint8) for c in self.cameras}}
+        batch = self.batch(blank)
+        for attempt in range(2):
+            start = time.perf_counter()
+            jax.block_until_ready(self._sample(self.params, batch, np.uint32(0)))
+            if attempt == 0:
+                self.compile_s = time.perf_counter() - start
+        self.call_ms = (time.perf_counter() - start) * 1e3
+
+
+def width(feature: dict) -> int:
+    return int(math.prod(feature["shape"]))
+
+
+def state(value, dim: int) -> np.ndarray:
+    x = np.asarray(value)
+    if x.dtype.kind not in "fiu" or x.shape != (dim,):
+        raise ObservationError(f"observation: {STATE!r} must be {dim} real numbers (shape [{dim}], as the dataset's "
+                               f"state); got shape {list(x.shape)}, dtype {x.dtype}")
+    x = x.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ObservationError(f"observation: {STATE!r} holds a NaN or an infinity: {x.tolist()}")
+    return x
+
+
+def instruction(obs: dict) -> str:
+    given = [k for k in PROMPT_KEYS if k in obs]
+    if not given:
+        raise ObservationError("observation: no 'prompt' (the instruction, a str; 'task' is read too)")
+    text = obs[given[0]]
+    if not isinstance(text, str):
+        raise ObservationError(f"observation: {given[0]!r} must be a str; got a {type(text).__name__}")
+    return text
+
+
+def camera(key: str, value) -> np.ndarray:
+    """A camera image as the dataset's frames come out of decoding: float32 [3, h, w] in [0, 1]."""
+    x = np.asarray(value)
+    if x.ndim != 3 or 3 not in (x.shape[0], x.shape[-1]) or min(x.shape) == 0:
+        raise ObservationError(f"observation: {key!r} must be an RGB image, uint8 [h, w, 3] (or [3, h, w]); got "
+                               f"shape {list(x.shape)}")
+    if x.dtype == np.uint8:  # [h, w, 3] unless only the first axis is 3
+        return lerobot_frames.to_unit_float(x if x.shape[-1] == 3 else x.transpose(1, 2, 0))
+    if x.dtype.kind != "f":
+        raise ObservationError(f"observation: {key!r} must be uint8 (0-255) or float in [0, 1]; got dtype {x.dtype}")
+    chw = (x if x.shape[0] == 3 else x.transpose(2, 0, 1)).astype(np.float32)  # [3, h, w] unless only the last is 3
+    if not (np.isfinite(chw).all() and chw.min() >= 0 and chw.max() <= 1):
+        raise ObservationError(f"observation: {key!r} is a float image, so its values must lie in [0, 1]; got "
+                               f"{np.nanmin(chw)} to {np.nanmax(chw)}")
+    return np.ascontiguousarray(chw)
+
+
+def load(run_dir: Path, step: int | None = None, num_steps: int = 10, seed: int = 0) -> ServedPolicy:
+    """A π0 run's checkpoint (the newest, or `step`) and its lerobot.json, compiled and warmed up;
+    ConfigError (before any weight is read) for a run that is not a π0 trained on LeRobot data."""
+    from zerojax.train import export
+
+    run_dir = Path(run_dir)
+    saved, step = export.saved_config(run_dir, step)
+    family = saved["model"]["family"]
+    if family not in FAMILIES:
+        raise ConfigError(f"{run_dir} is a {family} run (model.family={family}); zerojax serve serves policies: "
+                          f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
+    doc_path = run_dir / "lerobot.json"
+    if not doc_path.is_file():
+        raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
+                          f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
+    doc = json.loads(doc_path.read_text())
+    _, _, model = export.load_model(run_dir, step)
+    tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
+    served = ServedPolicy(f"{run_dir} (step {step})", model, doc["features"], doc["normalization"], tokenizer,
+                          doc["image_size"], doc["prompt_len"], saved["model"]["action"], num_steps, seed,
+                          fps=doc.get("fps", 0.0))
+    served.warm_up()
+    return served

@@ -1,0 +1,140 @@
+"""The websocket server of openpi's policy protocol, as openpi's `WebsocketPolicyServer` speaks it
+to its `WebsocketClientPolicy` (openpi: src/openpi/serving/websocket_policy_server.py,
+packages/openpi-client/src/openpi_client/websocket_client_policy.py):
+
+    on connect   the server sends the policy's metadata, one msgpack-numpy message (wire.py)
+    then, each   the client sends an observation (a msgpack-numpy map); the server answers
+                 {"actions": float32 [H, D_a], "server_timing": {"infer_ms": ...,
+                 "prev_total_ms": ...}} (prev_total_ms from the second request on: the previous
+                 request's time from waiting for it to its answer sent, as openpi measures it)
+    on an error  a text frame (a bad observation or message: the one-line reason; anything else:
+                 the traceback), then the server closes that connection (1008 for bad input,
+                 1011 otherwise); other connections are served on
+    GET /healthz 200 "OK"
+
+Requests are answered one at a time, in the event loop's thread (as openpi's server does): a
+robot's requests are sequential, and the model has one device. With an API key, a connection
+without openpi's header `Authorization: Api-Key KEY` is refused (401) before the handshake.
+Messages above the policy's `max_message_bytes` close the connection (1009).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import itertools
+import logging
+import threading
+import time
+import traceback
+
+import websockets
+from websockets.asyncio import server as ws_server
+from websockets.frames import CloseCode
+
+from zerojax.serve import wire
+from zerojax.serve.policy import ObservationError
+
+log = logging.getLogger("zerojax.serve")
+BAD_INPUT = (ObservationError, wire.WireError)
+
+
+class PolicyServer:
+    """Serves `policy` (anything with `metadata()`, `max_message_bytes` and `infer(obs, n)`) on
+    host:port (0: a free port; `port` is the bound one once serving). It counts the requests
+    (n = 0, 1, ... over its life, all connections together): the policy's noise is drawn from n."""
+
+    def __init__(self, policy, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None):
+        self.policy, self.host, self.port, self.api_key = policy, host, port, api_key
+        self._metadata = wire.pack(policy.metadata())
+        self._requests = itertools.count()
+        self._loop = self._server = self._thread = None
+
+    def serve_forever(self, on_ready=None) -> None:
+        """Serve in this thread until interrupted; `on_ready(port)` once listening."""
+        asyncio.run(self._serve(on_ready))
+
+    def start(self) -> int:
+        """Serve in a background thread; returns the bound port once listening."""
+        ready, failed = threading.Event(), []
+
+        def run():
+            try:
+                asyncio.run(self._serve(lambda port: ready.set()))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller of start()
+                failed.append(err)
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="zerojax-serve", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
+        return self.port
+
+    def stop(self) -> None:
+        """Close the server started by `start` (and its connections) and wait for its thread."""
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._thread.join()
+
+    async def _serve(self, on_ready) -> None:
+        async with ws_server.serve(self._handler, self.host, self.port, compression=None,
+                                   max_size=self.policy.max_message_bytes,
+                                   process_request=self._process_request) as server:
+            self._loop, self._server = asyncio.get_running_loop(), server
+            self.port = server.sockets[0].getsockname()[1]
+            if on_ready is not None:
+                on_ready(self.port)
+            await server.serve_forever()
+
+    def _process_request(self, connection, request):
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.api_key is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Api-Key {self.api_key}".encode()):
+                log.warning("refused %s: no valid Authorization: Api-Key header", connection.remote_address)
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED,
+                                          "this server needs the header Authorization: Api-Key KEY\n")
+        return None
+
+    async def _handler(self, connection) -> None:
+        await connection.send(self._metadata)
+        prev_total_s = None
+        while True:
+            start = time.monotonic()
+            try:
+                message = await connection.recv()
+            except websockets.ConnectionClosed:
+                return
+            try:
+                obs = wire.unpack(message)
+                infer_start = time.monotonic()
+                reply = self.policy.infer(obs, next(self._requests))
+                timing = {"infer_ms": (time.monotonic() - infer_start) * 1e3}
+            except Exception as err:  # noqa: BLE001 - any failure ends this connection, never the server
+                await self._refuse(connection, err)
+                return
+            if prev_total_s is not None:
+                timing["prev_total_ms"] = prev_total_s * 1e3
+            try:
+                await connection.send(wire.pack({**reply, "server_timing": timing}))
+            except websockets.ConnectionClosed:
+                return
+            prev_total_s = time.monotonic() - start
+
+    async def _refuse(self, connection, err: Exception) -> None:
+        """The error as a text frame, then that connection closed (openpi's server does the same)."""
+        if isinstance(err, BAD_INPUT):
+            log.warning("%s: %s", connection.remote_address, err)
+            text, code, reason = str(err), CloseCode.POLICY_VIOLATION, "bad observation, see the previous frame"
+        else:
+            log.error("%s: inference failed", connection.remote_address, exc_info=err)
+            text = "".join(traceback.format_exception(err))
+            code, reason = CloseCode.INTERNAL_ERROR, "internal server error, traceback in the previous frame"
+        try:
+            await connection.send(text)
+            await connection.close(code=code, reason=reason)
+        except websockets.ConnectionClosed:
+            pass
