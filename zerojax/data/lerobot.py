@@ -20,9 +20,9 @@ L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action
 Each row is one frame, as LeRobot's `LeRobotDataset.__getitem__` gives it with
 `delta_timestamps={"action": [0, 1/fps, ..., (H-1)/fps]}` (the boundary row repeated, flagged in
 `action_is_pad`), normalized as LeRobot's `NormalizerProcessorStep` does (eps 1e-8), its
-images mapped to [-1, 1] and resized as LeRobot's pi0 (openpi's `resize_with_pad`, in openpi's
-order: LeRobot 0.4 resizes [0, 1] pixels with a -1 pad, then maps to [-1, 1], leaving -3 in the
-pad), its prompt as pi0's (the task and a newline, padded to the right). tests/test_lerobot.py checks these
+images mapped to [-1, 1] and then resized with a -1 pad (openpi's `resize_with_pad`, in openpi's
+order; LeRobot 0.4 resizes the [0, 1] pixels with a -1 pad first and maps them after, leaving -3
+in the pad), its prompt as pi0's (the task and a newline, padded to the right). tests/test_lerobot.py checks these
 against LeRobot's own output.
 
 Frames: for step s the rows are frames drawn uniformly from the split's episodes by a generator
