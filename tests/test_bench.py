@@ -30,12 +30,12 @@ def clean_env(**more):
 
 
 # One measurement of each kind the plan runs (a schedule and its stage, the gspmd peer, offload,
-# quantized gathers, the fit search at stage 3 and on one device): the other four differ from
-# these only in their configs, which test_every_measurements_config_loads loads. The whole plan
-# (`bash scripts/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these 80 s.
+# quantized gathers, the fit search) and EXTRA's plan_check: the other five differ from these only
+# in their configs, which test_every_measurements_config_loads loads. The whole plan (`bash
+# scripts/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
 REHEARSED = ("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "offload_optimizer_master_s3", "gather_int8_s3", "fit_s3",
-             "fit_s0")
-CHOSEN = [m for m in plan.PLAN if m.name in REHEARSED]
+             "plan_check")
+CHOSEN = [m for m in plan.PLAN + plan.EXTRA if m.name in REHEARSED]
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,19 @@ def test_dry_run_compares_options_and_schedules(dry_run):
     for m in (m for m in CHOSEN if m.baseline):  # None where the feature has not landed
         ok = doc["results"][m.name]["status"] == "ok"
         assert (summary[f"{m.name}_step_s_over_{m.baseline}"] is not None) == ok
+
+
+@pytest.mark.slow
+def test_dry_run_plans_then_runs_the_plans_winner(dry_run):
+    doc, _, _ = dry_run
+    entry = doc["results"]["plan_check"]
+    assert entry["status"] == "ok" and entry["winner"]["fits"] and entry["plan_compiles"] >= 1, entry
+    assert entry["plan_peak_bytes"] <= entry["budget_bytes"]
+    # on the CPU the run compiles what the plan compiled: its analyze peak is the plan's peak
+    assert entry["analyze_peak_bytes"] == entry["plan_peak_bytes"]
+    assert entry["step_s_over_plan"] == entry["step_s"] / entry["plan_step_s"] > 0
+    assert entry["peak_within_budget"] is None  # CPU: no memory_stats to hold against the budget
+    assert doc["summary"]["plan_check_step_s_over_estimate"] == entry["step_s_over_plan"]
 
 
 @pytest.mark.slow

@@ -4,6 +4,10 @@ is written to --result whatever happens. Also the timed steps `stages` reuses.""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -35,7 +39,10 @@ def measure(m: Measurement, opts) -> dict:
         zerojax.apply_xla_preset(opts.xla_preset)  # before the backend starts
     cfg = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run))
     try:
-        row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
+        if m.plan_check:
+            row = plan_check(m, opts)
+        else:
+            row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
         if m.quant_overhead:
             row.update(quant_overhead(cfg, row["step_s"], opts))
     except ValueError as err:  # prepare's "not implemented in zerojax yet"
@@ -151,6 +158,43 @@ def fit(cfg, stage: int, opts) -> dict:
         return {**row, "confirmed": False, "error": first_line(err), **device_memory()}
     return {**row, "confirmed": True, "loss": loss, **rates(big, engine, found["params"], step_s, opts),
             **device_memory()}
+
+
+def plan_check(m: Measurement, opts) -> dict:
+    """`zerojax plan --json` in a CPU process of its own, as a user runs it before renting the
+    GPU (N devices, this device's memory limit as the budget: fraction 1, no margin), then its
+    winner's step run here: the measured peak against the plan's compiled peak and the budget,
+    the measured step time against the plan's estimate."""
+    devices = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run)).mesh.cpu_devices if opts.dry_run \
+        else jax.device_count()
+    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
+    if not budget:
+        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1"}
+    cmd = [sys.executable, "-m", "zerojax", "plan", "--config", str(ROOT / m.config), "--devices", str(devices),
+           "--device", PLAN_DEVICE, "--device-memory", f"{budget / 1e9!r}GB", "--margin", "0", "--json",
+           *overrides(m, opts.dry_run)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    plan_s = time.perf_counter() - start
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(f"zerojax plan exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    doc = json.loads(proc.stdout)
+    row = {"status": "ok", "budget_bytes": budget, "plan_s": plan_s, "plan_compiles": doc["compiles"],
+           "winner": doc["winner"]}
+    if doc["winner"] is None:  # the plan says nothing fits: nothing to run
+        return {**row, "nothing_fits": doc["nothing_fits"]}
+    planned = [*overrides(m, opts.dry_run), "mesh.replica=1", f"mesh.data={devices}", *doc["winner"]["overrides"]]
+    cfg = zerojax.load_config(ROOT / m.config, planned)  # the mesh the plan compiled for: one group of N
+    ran = throughput(cfg, opts)
+    peak = ran["peak_bytes_in_use"]
+    return {**ran, **row, "plan_peak_bytes": doc["winner"]["peak_bytes"], "plan_step_s": doc["winner"]["step_s"],
+            "step_s_over_plan": ran["step_s"] / doc["winner"]["step_s"],
+            "peak_over_plan": peak / doc["winner"]["peak_bytes"] if peak else None,
+            "peak_within_budget": peak <= budget if peak else None}
+
+
+PLAN_DEVICE = "h200"  # the device kind the plan estimates for: this benchmark's GPU
 
 
 def device_memory() -> dict:

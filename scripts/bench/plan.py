@@ -44,6 +44,7 @@ class Measurement:
     fit_stage: int | None = None  # instead of throughput: the largest scaling that fits
     quant_overhead: bool = False  # also time the quantized gathers' own work (no network)
     dry: tuple[str, ...] = ()  # more overrides for the CPU rehearsal
+    plan_check: bool = False  # instead of throughput: `zerojax plan` (on the CPU), then its winner run here
 
 
 PLAN = (
@@ -68,8 +69,12 @@ PLAN = (
     Measurement("fit_s0", "the same for stage 0 (on one device, N = 1, stages shard nothing: "
                 "skipped, named)", 10, ("zero.stage=0",), fit_stage=0),
 )
-# Not in the 8-minute plan (it would not fit): run with `--only fit_s3_offload` on a later lease.
+# Not in the 8-minute plan (they would not fit): run with `--only fit_s3_offload,plan_check` on a
+# later lease.
 EXTRA = (
+    Measurement("plan_check", "`zerojax plan` of gpt-1b for this GPU (compiled on the CPU, as users run it), "
+                "then its winner run here: measured peak vs the plan's compiled peak and budget, measured "
+                "step time vs its estimate", 150, (), plan_check=True),
     Measurement("fit_s3_offload", "largest scaling of gpt-1b that fits at stage 3 with zero.offload="
                 "optimizer+master (host bytes not counted against the device), then one real step of it", 95,
                 ("zero.stage=3", "zero.offload=optimizer+master"), fit_stage=3, feature="zero.offload=optimizer+master"),

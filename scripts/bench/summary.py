@@ -12,6 +12,9 @@ def summary(doc: dict, plan) -> dict:
     out = {f"{s}_stage3_over_stage0_tokens_per_sec": ratio(f"gpt1b_s3_{s}", f"gpt1b_s0_{s}", "tokens_per_sec")
            for s in ("shard_map", "gspmd")}
     out["shard_map_over_gspmd_stage3_tokens_per_sec"] = ratio("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "tokens_per_sec")
+    if ok("plan_check"):  # the plan's estimates against what its winner did
+        out["plan_check_step_s_over_estimate"] = res["plan_check"]["step_s_over_plan"]
+        out["plan_check_peak_over_compiled_peak"] = res["plan_check"]["peak_over_plan"]
     for m in plan:
         if m.baseline:
             out[f"{m.name}_step_s_over_{m.baseline}"] = ratio(m.name, m.baseline, "step_s")
