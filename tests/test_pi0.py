@@ -79,3 +79,23 @@ def test_another_policy_type_is_refused(tmp_path):
     (tmp_path / "act" / "config.json").write_text(json.dumps({**config, "type": "act"}))
     with pytest.raises(ConfigError, match="a LeRobot 'act' policy; zerojax reads pi0"):
         lerobot.load(tmp_path / "act")
+
+
+def test_each_joint_layer_is_gathered_once_per_pass_with_both_experts():
+    """Stage 3's HLO: the joint layers' loops (3 layers; the tower has 2) gather one unit per
+    iteration, forward and backward, and the backward reduce-scatters one: both experts' weights
+    travel as one unit (PyTorch FSDP cannot wrap π0 block by block)."""
+    from zerojax import config
+    from zerojax.analysis import hlo, measure
+
+    cfg = config.load(overrides=TINY + ["model.n_layers=3", "model.vision.n_layers=2", "zero.stage=3",
+                                        "zero.schedule=shard_map", "zero.prefetch=0"])
+    engine, compiled = measure.compile_step(cfg, measured_only=True)
+    assert set(engine.plan.leaves["layers"]) == {"vlm", "expert"}
+    loops = [x for x in hlo.loop_collectives(compiled.as_text(), 8) if x["per_iteration"]["all-gather"]]
+    joint = sorted((x for x in loops if x["trip_count"] == 3), key=lambda x: x["per_iteration"]["reduce-scatter"])
+    assert len(joint) == 2, loops  # the forward's loop and the backward's
+    forward, backward = joint
+    assert forward["per_iteration"]["all-gather"] == backward["per_iteration"]["all-gather"] == 1
+    assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
+    assert [x["trip_count"] for x in loops if x["trip_count"] != 3] == [2, 2]  # the tower's two loops
