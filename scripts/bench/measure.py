@@ -40,7 +40,7 @@ def measure(m: Measurement, opts) -> dict:
     cfg = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run))
     try:
         if m.plan_check:
-            row = plan_check(m, opts)
+            row = plan_check(cfg, m, opts)
         else:
             row = fit(cfg, m.fit_stage, opts) if m.fit_stage is not None else throughput(cfg, opts)
         if m.quant_overhead:
@@ -142,9 +142,7 @@ def fit(cfg, stage: int, opts) -> dict:
     if stage != 3 and engine.mesh.shape["data"] == 1:
         return {"status": "skipped", "reason": "one device on the data axis (N = 1): every stage holds "
                 "the same model states, so stage 0 fits what stage 3 fits"}
-    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
-    if not budget:
-        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    budget = budget_bytes(opts)
     found = zerojax.largest_fitting(staged, stage, budget, max_steps=opts.fit_max_steps)
     row = {"status": "ok", "stage": stage, "budget_bytes": budget, "found": found}
     if found is None:  # not even the unscaled model fits
@@ -160,16 +158,21 @@ def fit(cfg, stage: int, opts) -> dict:
             **device_memory()}
 
 
-def plan_check(m: Measurement, opts) -> dict:
+def budget_bytes(opts) -> float:
+    """The fit search's and plan_check's budget: --fit-budget-gb, else the allocator's limit."""
+    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
+    if not budget:
+        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    return budget
+
+
+def plan_check(cfg, m: Measurement, opts) -> dict:
     """`zerojax plan --json` in a CPU process of its own, as a user runs it before renting the
     GPU (N devices, this device's memory limit as the budget: fraction 1, no margin), then its
     winner's step run here: the measured peak against the plan's compiled peak and the budget,
     the measured step time against the plan's estimate."""
-    devices = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run)).mesh.cpu_devices if opts.dry_run \
-        else jax.device_count()
-    budget = opts.fit_budget_gb * 1e9 if opts.fit_budget_gb else device_memory().get("bytes_limit")
-    if not budget:
-        raise ValueError("the device reports no memory limit: give --fit-budget-gb")
+    devices = cfg.mesh.cpu_devices if opts.dry_run else jax.device_count()
+    budget = budget_bytes(opts)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1"}
     cmd = [sys.executable, "-m", "zerojax", "plan", "--config", str(ROOT / m.config), "--devices", str(devices),
            "--device", PLAN_DEVICE, "--device-memory", f"{budget / 1e9!r}GB", "--margin", "0", "--json",
