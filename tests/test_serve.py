@@ -24,6 +24,7 @@ from flax import nnx
 from conftest import ROOT, TINY
 from zerojax import cli, config
 from zerojax.data import sources
+from zerojax.interop import safetensors as safetensors_io
 from zerojax.serve import policy, server
 from zerojax.train import export
 
@@ -38,7 +39,8 @@ TRAIN = [f"data.source=lerobot:{FIXTURE}", "data.norm_action=quantiles", "model.
          "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
          "model.action.cameras=3", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16",
          "train.global_batch=8", "train.steps=1", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
-         "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64"]
+         "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64",
+         "optim.warmup_steps=0"]  # the step changes the weights (a warmup from 0 would leave them at init)
 SEED, STEPS = 3, 3  # the noise's seed; Euler steps (not π0's 10: the reference runs them too)
 
 
@@ -284,6 +286,37 @@ def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, fra
             assert (answer.status, answer.read()) == (200, b"OK\n")
     finally:
         srv.stop()
+
+
+# -- an exported checkpoint: one safetensors file, its config and statistics in its metadata ------------
+
+@pytest.fixture(scope="module")
+def exported(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "policy.safetensors"
+    assert cli.main(["export", str(run_dir), "--out", str(out)]) == 0
+    return out
+
+
+def test_an_exported_checkpoint_alone_serves_the_runs_policy(exported, run_dir, served, frames, tmp_path):
+    alone = tmp_path / "elsewhere" / "policy.safetensors"  # away from the run directory, which is not read
+    alone.parent.mkdir()
+    shutil.copy(exported, alone)
+    from_export = policy.load(alone, num_steps=STEPS, seed=SEED)
+    assert from_export.where == f"{alone} (exported at step 1)"
+    assert {**from_export.metadata(), "run": None} == {**served.metadata(), "run": None}
+    for request, obs in enumerate(frames[0][:2]):
+        np.testing.assert_array_equal(from_export.infer(obs, request)["actions"], served.infer(obs, request)["actions"])
+
+
+def test_a_file_that_is_not_a_zerojax_policy_export_is_refused(exported, tmp_path, capsys):
+    text = tmp_path / "notes.safetensors"
+    text.write_text("not tensors")
+    assert "is not a readable safetensors file" in one_error_line(["serve", str(text)], capsys)
+    bare = tmp_path / "bare.safetensors"  # safetensors as others write it: no zerojax config in the metadata
+    safetensors_io.fill(safetensors_io.create_safetensors(bare, [safetensors_io.Entry("w", "w", None, (2,))],
+                                                          "float32"), [], None, "float32")
+    assert "without the run's config in its metadata" in one_error_line(["serve", str(bare)], capsys)
+    assert "drop --step, or give the run directory" in one_error_line(["serve", str(exported), "--step", "1"], capsys)
 
 
 # -- bad command lines: one line, exit 2 -------------------------------------------------------------
