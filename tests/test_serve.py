@@ -4,10 +4,14 @@ openpi's `WebsocketClientPolicy` is (websockets' sync client; msgpack-numpy enco
 openpi_client.msgpack_numpy does, apart from zerojax's own encoder). The actions must equal
 `sample_actions` on the training batch of the same frame, with the same noise, unnormalized."""
 
+import fcntl
 import json
+import os
 import shutil
+import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import jax
 import msgpack
@@ -20,6 +24,7 @@ from flax import nnx
 from conftest import ROOT, TINY
 from zerojax import cli, config
 from zerojax.data import sources
+from zerojax.interop import safetensors as safetensors_io
 from zerojax.serve import policy, server
 from zerojax.train import export
 
@@ -34,7 +39,8 @@ TRAIN = [f"data.source=lerobot:{FIXTURE}", "data.norm_action=quantiles", "model.
          "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
          "model.action.cameras=3", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=16",
          "train.global_batch=8", "train.steps=1", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
-         "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64"]
+         "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64",
+         "optim.warmup_steps=0"]  # the step changes the weights (a warmup from 0 would leave them at init)
 SEED, STEPS = 3, 3  # the noise's seed; Euler steps (not π0's 10: the reference runs them too)
 
 
@@ -48,6 +54,14 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(run_dir):
     return policy.load(run_dir, num_steps=STEPS, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def sample(run_dir):
+    """sample_actions of the run's model, loaded again apart from the server's, jitted."""
+    _, _, model = export.load_model(run_dir)
+    graphdef, params = nnx.split(model)
+    return jax.jit(lambda obs, noise: nnx.merge(graphdef, params).sample_actions(obs, noise, STEPS))
 
 
 @pytest.fixture
@@ -124,7 +138,7 @@ def direct(run_dir, sample, batch, row: int, request: int) -> np.ndarray:
     return (x + 1) * (q99 - q01) / 2 + q01
 
 
-def test_metadata_first_then_actions_equal_sample_actions_on_the_training_batch(run_dir, port, frames):
+def test_metadata_first_then_actions_equal_sample_actions_on_the_training_batch(run_dir, port, frames, sample):
     observations, batch = frames
     client = Client(port)
     meta = client.metadata
@@ -136,11 +150,73 @@ def test_metadata_first_then_actions_equal_sample_actions_on_the_training_batch(
     assert first["actions"].shape == (2, 2) and first["actions"].dtype == np.float32
     assert first["server_timing"]["infer_ms"] > 0 and "prev_total_ms" not in first["server_timing"]
     assert second["server_timing"]["prev_total_ms"] >= first["server_timing"]["infer_ms"]
-    _, _, model = export.load_model(run_dir)  # loaded again, apart from the server's
-    graphdef, params = nnx.split(model)
-    sample = jax.jit(lambda obs, noise: nnx.merge(graphdef, params).sample_actions(obs, noise, STEPS))
     np.testing.assert_allclose(first["actions"], direct(run_dir, sample, batch, 0, 0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(second["actions"], direct(run_dir, sample, batch, 1, 1), rtol=1e-5, atol=1e-6)
+
+
+# -- openpi's own client, from PyPI, in a venv of its own ------------------------------------------
+
+OPENPI_CLIENT = ("openpi-client==0.1.2", "typing_extensions")  # it imports typing_extensions undeclared
+OPENPI_VENV = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zerojax" / "venvs"
+               / "openpi-client-0.1.2")  # the user's cache (never the repository or runs/): built once
+
+
+def build_venv(venv: Path, packages: tuple) -> str | None:
+    """`venv` with `packages` installed, built once (a lock for concurrent sessions; a marker
+    written last, so a half-built venv is built again); None, or why it cannot be built."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / "zerojax-complete").is_file():
+            return None
+        shutil.rmtree(venv, ignore_errors=True)
+        python = venv / "bin" / "python"
+        for argv in ([sys.executable, "-m", "venv", str(venv)],
+                     [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *packages]):
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                done = subprocess.CompletedProcess(argv, 1, "", f"{type(err).__name__}: {err}")
+            if done.returncode != 0:
+                shutil.rmtree(venv, ignore_errors=True)
+                lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()] or ["no output"]
+                return f"`{' '.join(argv[2:4] + argv[-len(packages):] * (len(argv) > 5))}` failed (no network or no pip?): {lines[-1]}"
+        (venv / "zerojax-complete").write_text(" ".join(packages) + "\n")
+    return None
+
+
+@pytest.fixture(scope="module")
+def openpi_python() -> str:
+    why = build_venv(OPENPI_VENV, OPENPI_CLIENT)
+    if why:
+        pytest.skip(f"cannot build {OPENPI_VENV} with {' '.join(OPENPI_CLIENT)}: {why}")
+    return str(OPENPI_VENV / "bin" / "python")
+
+
+@pytest.mark.slow
+def test_openpi_clients_own_websocket_client_policy_gets_sample_actions(openpi_python, run_dir, served, port, frames,
+                                                                        sample, tmp_path):
+    """scripts/openpi_client_infer.py, in openpi-client's venv, sends two training frames, one built
+    from the metadata alone, then one without its state: the actions equal sample_actions on the
+    training batch with requests 0 and 1's noise (and the in-process policy's bit for bit), and
+    the bad one comes back as openpi's client raises a server's error."""
+    observations, batch = frames
+    np.savez(tmp_path / "obs.npz", **{f"{i}/{k}": np.asarray(v) for i, obs in enumerate(observations[:2])
+                                      for k, v in obs.items()})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of zerojax's on its path
+    done = subprocess.run([openpi_python, str(ROOT / "scripts" / "openpi_client_infer.py"), "--port", str(port),
+                           str(tmp_path / "obs.npz")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["openpi_client"] == "0.1.2" and out["numpy"].startswith("1."), out  # the real one, its numpy
+    assert out["metadata"] == json.loads(json.dumps(served.metadata()))
+    assert out["actions_dtype"] == "float32"
+    for request in (0, 1):
+        actions = np.asarray(out["actions"][request], np.float32)
+        np.testing.assert_array_equal(actions, served.infer(observations[request], request)["actions"])
+        np.testing.assert_allclose(actions, direct(run_dir, sample, batch, request, request), rtol=1e-5, atol=1e-6)
+    assert out["from_metadata"] == {"shape": [2, 2], "dtype": "float32"}
+    assert out["error"].startswith("Error in inference server:\nobservation: no 'observation.state'"), out["error"]
 
 
 def test_each_request_has_fresh_noise_and_a_restart_repeats_them(served, frames):
@@ -210,6 +286,37 @@ def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, fra
             assert (answer.status, answer.read()) == (200, b"OK\n")
     finally:
         srv.stop()
+
+
+# -- an exported checkpoint: one safetensors file, its config and statistics in its metadata ------------
+
+@pytest.fixture(scope="module")
+def exported(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "policy.safetensors"
+    assert cli.main(["export", str(run_dir), "--out", str(out)]) == 0
+    return out
+
+
+def test_an_exported_checkpoint_alone_serves_the_runs_policy(exported, run_dir, served, frames, tmp_path):
+    alone = tmp_path / "elsewhere" / "policy.safetensors"  # away from the run directory, which is not read
+    alone.parent.mkdir()
+    shutil.copy(exported, alone)
+    from_export = policy.load(alone, num_steps=STEPS, seed=SEED)
+    assert from_export.where == f"{alone} (exported at step 1)"
+    assert {**from_export.metadata(), "run": None} == {**served.metadata(), "run": None}
+    for request, obs in enumerate(frames[0][:2]):
+        np.testing.assert_array_equal(from_export.infer(obs, request)["actions"], served.infer(obs, request)["actions"])
+
+
+def test_a_file_that_is_not_a_zerojax_policy_export_is_refused(exported, tmp_path, capsys):
+    text = tmp_path / "notes.safetensors"
+    text.write_text("not tensors")
+    assert "is not a readable safetensors file" in one_error_line(["serve", str(text)], capsys)
+    bare = tmp_path / "bare.safetensors"  # safetensors as others write it: no zerojax config in the metadata
+    safetensors_io.fill(safetensors_io.create_safetensors(bare, [safetensors_io.Entry("w", "w", None, (2,))],
+                                                          "float32"), [], None, "float32")
+    assert "without the run's config in its metadata" in one_error_line(["serve", str(bare)], capsys)
+    assert "drop --step, or give the run directory" in one_error_line(["serve", str(exported), "--step", "1"], capsys)
 
 
 # -- bad command lines: one line, exit 2 -------------------------------------------------------------

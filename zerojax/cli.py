@@ -149,8 +149,9 @@ def _generate_arguments(generate: Parser) -> None:
 
 
 def _serve_arguments(serve: Parser) -> None:
-    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR")
-    serve.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR, or the "
+                       "FILE.safetensors `zerojax export` wrote of one")
+    serve.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     serve.add_argument("--port", type=port_number, default=8000, help="default 8000 (openpi's); 0: any free port")

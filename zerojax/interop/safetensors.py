@@ -37,7 +37,7 @@ class SafetensorsFile:
             if n > size - 8:  # any other file's first 8 bytes make a huge length: do not try to read it
                 raise ValueError(f"its first 8 bytes give a header of {n:,} bytes, the file has {size:,}")
             header = json.loads(f.read(n))
-        header.pop("__metadata__", None)
+        self.metadata = header.pop("__metadata__", None) or {}  # str -> str (zerojax's export: export.py)
         self.path, self.start, self.header = path, 8 + n, header
         for name, entry in header.items():
             if entry["dtype"] not in READ_DTYPES:
@@ -146,11 +146,12 @@ def shard_plan(tensors: list[Entry], itemsize: int, max_shard_bytes: int) -> lis
     return files
 
 
-def create_safetensors(path: Path, tensors: list[Entry], dtype: str) -> dict:
-    """A safetensors file of `tensors`, its header written and its data region allocated
-    (zeros), to be filled by `fill`. Returns name -> (file, data offset)."""
+def create_safetensors(path: Path, tensors: list[Entry], dtype: str, metadata: dict | None = None) -> dict:
+    """A safetensors file of `tensors`, its header written (with `metadata`, str -> str, beside
+    "format") and its data region allocated (zeros), to be filled by `fill`. Returns name ->
+    (file, data offset)."""
     np_dtype = jnp.dtype(dtype)
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
     for t in tensors:
         size = math.prod(t.shape) * np_dtype.itemsize
         header[t.name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(t.shape),

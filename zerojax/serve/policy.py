@@ -183,26 +183,55 @@ def camera(key: str, value) -> np.ndarray:
     return np.ascontiguousarray(chw)
 
 
-def load(run_dir: Path, step: int | None = None, num_steps: int = 10, seed: int = 0) -> ServedPolicy:
-    """A π0 run's checkpoint (the newest, or `step`) and its lerobot.json, compiled and warmed up;
-    ConfigError (before any weight is read) for a run that is not a π0 trained on LeRobot data."""
+def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0) -> ServedPolicy:
+    """A π0 policy, compiled and warmed up: a run directory's checkpoint (the newest, or `step`)
+    and its lerobot.json, or a safetensors file `zerojax export` wrote of such a run (its config,
+    lerobot.json and tokenizer travel in the file's metadata: export.run_metadata). ConfigError,
+    before any weight is read, for a run that is not a π0 trained on LeRobot data."""
     from zerojax.train import export
 
-    run_dir = Path(run_dir)
-    saved, step = export.saved_config(run_dir, step)
-    family = saved["model"]["family"]
-    if family not in FAMILIES:
-        raise ConfigError(f"{run_dir} is a {family} run (model.family={family}); zerojax serve serves policies: "
-                          f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
-    doc_path = run_dir / "lerobot.json"
-    if not doc_path.is_file():
-        raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
-                          f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
-    doc = json.loads(doc_path.read_text())
-    _, _, model = export.load_model(run_dir, step)
-    tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
-    served = ServedPolicy(f"{run_dir} (step {step})", model, doc["features"], doc["normalization"], tokenizer,
-                          doc["image_size"], doc["prompt_len"], saved["model"]["action"], num_steps, seed,
-                          fps=doc.get("fps", 0.0))
+    target = Path(target)
+    if target.is_file():
+        if step is not None:
+            raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {target} is an export of one "
+                              "step: drop --step, or give the run directory")
+        saved, step, metadata, weights = export.read_export(target)
+        where = f"{target} (exported at step {step})"
+        check_family(saved, where)
+        doc_text = metadata.get(export.RUN_FILE_KEY.format(name="lerobot.json"))
+        if doc_text is None:
+            raise ConfigError(f"{target}: the export carries no lerobot.json; zerojax serve needs the statistics and "
+                              "features of a run trained on data.source=lerobot:DIR (this run's data.source="
+                              f"{saved['data']['source']})")
+        tokenizer = None
+        if saved["data"].get("tokenizer"):
+            if export.TOKENIZER_KEY not in metadata:
+                raise ConfigError(f"{target}: the export carries no tokenizer (data.tokenizer="
+                                  f"{saved['data']['tokenizer']} was not there when it was exported); export again")
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(metadata[export.TOKENIZER_KEY])
+        doc = json.loads(doc_text)
+        model = export.exported_model(saved, weights, str(target))
+    else:
+        saved, step = export.saved_config(target, step)
+        where = f"{target} (step {step})"
+        check_family(saved, str(target))
+        doc_path = target / "lerobot.json"
+        if not doc_path.is_file():
+            raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
+                              f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
+        doc = json.loads(doc_path.read_text())
+        _, _, model = export.load_model(target, step)
+        tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
+    served = ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
+                          doc["prompt_len"], saved["model"]["action"], num_steps, seed, fps=doc.get("fps", 0.0))
     served.warm_up()
     return served
+
+
+def check_family(saved: dict, where: str) -> None:
+    family = saved["model"]["family"]
+    if family not in FAMILIES:
+        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve serves policies: "
+                          f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")

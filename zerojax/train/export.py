@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import json
 import math
 from pathlib import Path
 import jax
@@ -12,6 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
 from zerojax.config import EXPORT_FORMATS, LoraConfig, ModelConfig, file_in_the_way
+from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
 from zerojax.interop import peft
@@ -126,7 +128,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
         tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")
         out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
-        safetensors_io.fill(safetensors_io.create_safetensors(tmp, tensors, dtype), tensors, blocks_of, dtype)
+        regions = safetensors_io.create_safetensors(tmp, tensors, dtype, run_metadata(run_dir, meta["config"], step))
+        safetensors_io.fill(regions, tensors, blocks_of, dtype)
         tmp.replace(out)  # the file appears only once complete
         written, count = out.stat().st_size, len(tensors)
     else:
@@ -135,6 +138,71 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     mgr.close()
     return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
+
+
+CONFIG_KEY, STEP_KEY = "zerojax.config", "zerojax.step"  # a safetensors export's metadata (`run_metadata`)
+RUN_FILE_KEY, TOKENIZER_KEY = "zerojax.run/{name}", "zerojax.tokenizer.json"
+RUN_FILES = ("lerobot.json",)  # the run's files a safetensors export carries (a policy's features and statistics)
+
+
+def run_metadata(run_dir: Path, config: dict, step: int) -> dict:
+    """What a safetensors export carries in its metadata beside the weights, so that the file
+    stands alone (`zerojax serve FILE.safetensors`, `load_exported`): the run's config and step,
+    the run's files of RUN_FILES it has, and the text of its tokenizer (data.tokenizer) where it
+    has one and the file is still there."""
+    out = {CONFIG_KEY: json.dumps(config), STEP_KEY: str(step)}
+    for name in RUN_FILES:
+        if (Path(run_dir) / name).is_file():
+            out[RUN_FILE_KEY.format(name=name)] = (Path(run_dir) / name).read_text()
+    tokenizer = config["data"].get("tokenizer")
+    if tokenizer:
+        try:
+            out[TOKENIZER_KEY] = corpus.tokenizer_file(tokenizer).read_text()
+        except ConfigError:  # moved since training: the export carries none (serving it says so)
+            pass
+    return out
+
+
+def read_export(path: Path):
+    """(the run's config, the step, the metadata, the weights unread: a safetensors_io.Checkpoint)
+    of a safetensors export (`export`, fmt="safetensors"), from its header alone; ConfigError for
+    a file that is not one, or an export without the run's config (an older zerojax's)."""
+    weights = safetensors_io.Checkpoint([Path(path)], str(path))
+    (handle,) = weights.files.values()
+    if CONFIG_KEY not in handle.metadata:
+        raise ConfigError(f"{path}: a safetensors file without the run's config in its metadata; give a run "
+                          "directory, or a file `zerojax export RUN_DIR --out FILE.safetensors` wrote (which keeps "
+                          "the config there since zerojax serve reads exports)")
+    return json.loads(handle.metadata[CONFIG_KEY]), int(handle.metadata.get(STEP_KEY, -1)), handle.metadata, weights
+
+
+def exported_model(saved: dict, weights, where: str):
+    """The model of `saved` (read_export's config) on one device in fp32 with the export's weights
+    (bf16 exports widened); ConfigError, naming the first tensor, where they are not its shapes."""
+    from flax import nnx
+
+    model = _build_saved(saved)
+    want = {"/".join(map(str, k)): tuple(v[...].shape)
+            for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    if want != weights.shapes:
+        name = sorted(set(want) ^ set(weights.shapes) or [k for k in want if want[k] != weights.shapes[k]])[0]
+        raise ConfigError(f"{where}: its tensors are not those of the model its config builds (first: {name}, "
+                          f"{weights.shapes.get(name, 'missing')} in the file, {want.get(name, 'not in the model')} "
+                          "in the model)")
+    params: dict = {}
+    for name in want:
+        leaf, keys = params, name.split("/")
+        for key in keys[:-1]:
+            leaf = leaf.setdefault(key, {})
+        leaf[keys[-1]] = weights.read(name, ())
+    nnx.update(model, params)
+    return model
+
+
+def _build_saved(saved: dict):
+    """A saved config's model (its LoRA adapters too), on one device, fp32, initialised."""
+    lora = {**saved["optim"]["lora"], "targets": tuple(saved["optim"]["lora"]["targets"])}
+    return model_lib.build_model(ModelConfig(**{**saved["model"], "init_from": ""}), Policy(), 0, LoraConfig(**lora))
 
 
 def saved_config(run_dir: Path, step: int | None = None) -> tuple[dict, int]:
@@ -152,8 +220,7 @@ def load_model(run_dir: Path, step: int | None = None):
 
     mgr, step, meta = _open_run(run_dir, step)
     saved = meta["config"]
-    lora = {**saved["optim"]["lora"], "targets": tuple(saved["optim"]["lora"]["targets"])}
-    model = model_lib.build_model(ModelConfig(**{**saved["model"], "init_from": ""}), Policy(), 0, LoraConfig(**lora))
+    model = _build_saved(saved)
     params: dict = {}
     for path, shape in meta["param_shapes"].items():
         leaf, keys = params, path.split("/")
