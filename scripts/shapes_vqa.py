@@ -13,7 +13,8 @@ writes, deterministically from --seed:
                               <eos>, <bos>, <unk> and <image> (the last id) as special tokens
     OUT/tokenizer_config.json which of them are BOS, EOS and padding (as transformers saves it)
 
-and prints the keys a run needs (data.source, data.tokenizer, model.image_token_id, the least
+(--blank: the same questions and answers with every image white, a text-only baseline's set) and
+prints the keys a run needs (data.source, data.tokenizer, model.image_token_id, the least
 model.vocab_size). Each image has its own question, so the examples zerojax holds out (the last
 data.val_fraction of the file) are images it never trains on. An answer cannot be read from the
 question: colours and shapes are drawn independently, so a model that does not look answers at
@@ -54,9 +55,9 @@ def example(rng: np.random.Generator, size: int, n_shapes: int = 2) -> tuple[Ima
     colours = rng.choice(len(COLOURS), n_shapes, replace=False)
     image = Image.new("RGB", (size, size), (255, 255, 255))
     canvas = ImageDraw.Draw(image)
-    strip, half = size // n_shapes, size // 2
+    strip = size // n_shapes  # each shape 5/8 to 7/8 of its strip's width
     for k, at in enumerate(rng.permutation(n_shapes)):
-        extent = int(rng.integers(half * 5 // 8, half * 7 // 8 + 1))
+        extent = int(rng.integers(strip * 5 // 8, strip * 7 // 8 + 1))
         x0 = int(rng.integers(0, strip - extent + 1)) + int(at) * strip
         y0 = int(rng.integers(0, size - extent + 1))
         draw(SHAPES[shapes[k]], list(COLOURS.values())[colours[k]], (x0, y0, x0 + extent - 1, y0 + extent - 1), canvas)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=int, choices=(1, 2), default=2,
                         help="shapes per image: 2 asks the model to bind a colour to a shape; 1 is the easy set")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--blank", action="store_true", help="the same questions and answers, every image white: the "
+                        "text-only baseline's training set")
     args = parser.parse_args(argv)
     if args.out.exists():
         print(f"shapes_vqa: error: --out {str(args.out)!r} already exists; give a new directory", file=sys.stderr)
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for i in range(args.n):
         image, question, answer = example(rng, args.size, args.shapes)
+        if args.blank:
+            image = Image.new("RGB", image.size, (255, 255, 255))
         image.save(args.out / "images" / f"{i:05d}.png")
         lines.append({"image": f"images/{i:05d}.png", "prefix": question, "suffix": answer})
     (args.out / "data.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))

@@ -313,3 +313,13 @@ def test_zerojax_train_on_bad_image_data_exits_2_with_one_line_and_writes_nothin
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1 and message in err, err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_blank_shapes_set_asks_the_same_questions_of_white_images(tmp_path):
+    vqa = shapes_vqa()
+    for name, blank in (("seen", []), ("blank", ["--blank"])):
+        assert vqa.main(["--out", str(tmp_path / name), "--n", "6", "--size", "16", *blank]) == 0
+    assert (tmp_path / "blank" / "data.jsonl").read_text() == (tmp_path / "seen" / "data.jsonl").read_text()
+    for i in range(6):
+        seen, blank = (np.asarray(Image.open(tmp_path / name / "images" / f"{i:05d}.png")) for name in ("seen", "blank"))
+        assert (blank == 255).all() and (seen != 255).any()

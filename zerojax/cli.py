@@ -271,7 +271,8 @@ def cmd_train(args) -> int:
     last = result.history[-1] if result.history else {}
     summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("loss", "eval_loss") if k in last)
     print(f"zerojax: done: {summary}; run directory {result.run_dir}")
-    print("sample:\n" + result.sample)
+    if result.sample:
+        print("sample:\n" + result.sample)
     return 0
 
 
