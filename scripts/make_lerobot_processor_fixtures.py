@@ -35,8 +35,8 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "lerob
 def main() -> None:
     config = json.loads((FIXTURE / "pi0" / "config.json").read_text())
     buffers = load_file(FIXTURE / "pi0" / "model.safetensors")
-    stats = {"observation.state": {s: buffers[f"normalize_inputs.buffer_observation_state.{s}"] for s in ("mean", "std")},
-             "action": {s: buffers[f"normalize_targets.buffer_action.{s}"] for s in ("mean", "std")}}
+    stats = {feature: {s: buffers[f"{module}.buffer_{feature.replace('.', '_')}.{s}"] for s in ("mean", "std")}
+             for feature, module in (("observation.state", "normalize_inputs"), ("action", "normalize_targets"))}
     cfg = PI0Config(chunk_size=config["chunk_size"], n_action_steps=config["n_action_steps"],
                     tokenizer_max_length=config["tokenizer_max_length"], device="cpu")
     cfg.input_features = {k: PolicyFeature(type=FeatureType(f["type"]), shape=tuple(f["shape"]))

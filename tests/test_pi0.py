@@ -221,3 +221,36 @@ def test_experts_that_differ_exit_2(change, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "the experts differ in depth, heads or head_dim" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("norm_action", ["mean_std", "quantiles"])
+def test_a_run_on_a_lerobot_dataset_exports_its_features_and_statistics(norm_action, imported, tmp_path, capsys):
+    """The statistics the run normalized its data with (RUN_DIR/lerobot.json, as a LeRobot
+    source writes it) win over the starting checkpoint's; LeRobot 0.3 has no quantile mode."""
+    from zerojax import cli, config, data
+
+    dataset = FIXTURE / "tiny"
+    cfg = config.load(overrides=[f"data.source=lerobot:{dataset}", "data.action_horizon=4", "data.image_size=28",
+                                 "train.global_batch=8", f"data.norm_action={norm_action}"])
+    run_dir = tmp_path / "run"
+    shutil.copytree(imported, run_dir)
+    for name, text in data.open_source(cfg).run_files().items():
+        (run_dir / name).write_text(text)
+    out = tmp_path / "out"
+    code = cli.main(["export", str(run_dir), "--format", "lerobot", "--out", str(out)])
+    if norm_action == "quantiles":
+        assert code == 2 and "with 'quantiles'" in capsys.readouterr().err and not out.exists()
+        return
+    assert code == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["input_features"] == {"observation.state": {"type": "STATE", "shape": [3]},
+                                         "observation.images.front": {"type": "VISUAL", "shape": [3, 28, 28]},
+                                         "observation.images.wrist": {"type": "VISUAL", "shape": [3, 28, 28]}}
+    assert written["output_features"] == {"action": {"type": "ACTION", "shape": [2]}}
+    assert written["normalization_mapping"] == {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    stats = json.loads((dataset / "meta" / "stats.json").read_text())
+    tensors = load_file(out / "model.safetensors")
+    for name, (feature, stat) in {"normalize_inputs.buffer_observation_state.std": ("observation.state", "std"),
+                                  "normalize_targets.buffer_action.mean": ("action", "mean"),
+                                  "unnormalize_outputs.buffer_action.std": ("action", "std")}.items():
+        np.testing.assert_array_equal(tensors[name], np.asarray(stats[feature][stat], np.float32))

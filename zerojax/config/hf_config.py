@@ -91,7 +91,7 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
     weights = Path(directory) / "model.safetensors"
     if not weights.is_file():
         raise ConfigError(f"model.init_from={directory!r}: a LeRobot {kind} policy without model.safetensors")
-    family, layout = layouts[kind]
+    _, layout = layouts[kind]
     out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
     try:
         out = _coerced("model", out, ModelConfig)
