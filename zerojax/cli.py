@@ -117,11 +117,14 @@ def _plan_arguments(plan: Parser) -> None:
 
 def _export_arguments(export: Parser) -> None:
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--out", required=True, help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft)")
+    export.add_argument("--out", required=True,
+                        help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft, lerobot)")
     export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
-                             "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them")
-    export.add_argument("--merge", action="store_true", help="hf, of a LoRA run: the adapters merged into the weights")
+                             "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
+                             "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.3.x layout)")
+    export.add_argument("--merge", action="store_true",
+                        help="hf or lerobot, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")

@@ -9,7 +9,7 @@ rules between keys. Importing it imports no jax.
     devices.py    device kinds (peak FLOP/s, memory, bandwidths) for `zerojax plan` and MFU; sizes
 """
 
-from zerojax.config.hf_config import hf_model_keys, read_json_object  # noqa: F401
+from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object  # noqa: F401
 from zerojax.config.load import *  # noqa: F401,F403
 from zerojax.config.rules import *  # noqa: F401,F403
 from zerojax.config.sections import *  # noqa: F401,F403

@@ -1,11 +1,14 @@
 """A Hugging Face model directory as `model.init_from`: its config.json, read through the layout of
 the family that declares its architecture (`zerojax.models.registry`), gives the model's keys.
+A LeRobot policy directory (config.json with "type", no "architectures") likewise, through the
+layout of the family that declares its type, from config.json and model.safetensors' header.
 Generic: the families say which keys they read; nothing here names one."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import typing
 from pathlib import Path
 
@@ -52,14 +55,64 @@ def _coerced(prefix: str, values: dict, cls: type) -> dict:
     return out
 
 
-def hf_model_keys(directory: str) -> dict:
-    """The model.* values a Hugging Face directory's config.json implies (ConfigError if it
-    cannot be read or describes a model zerojax does not have)."""
+def is_lerobot(config: dict) -> bool:
+    """A LeRobot policy's config.json (`PreTrainedConfig`: "type"), not a Hugging Face model's."""
+    return "type" in config and "architectures" not in config
+
+
+def lerobot_dir(directory) -> bool:
+    """`directory` holds a LeRobot policy (its config.json says so)."""
+    where = Path(directory) / "config.json"
+    return where.is_file() and is_lerobot(read_json_object(where, "a config"))
+
+
+def tensor_shapes(path: Path) -> dict:
+    """name -> shape from a safetensors file's header (ConfigError if it is not one)."""
+    try:
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > path.stat().st_size - 8:
+                raise ValueError(f"its first 8 bytes give a header of {n:,} bytes")
+            header = json.loads(f.read(n))
+        return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, struct.error, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
+
+
+def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
+    """The model.* values of a LeRobot policy directory, through its type's layout; `given`: the
+    model keys the user set (a size that no tensor's shape holds is taken from them)."""
+    where = Path(directory) / "config.json"
+    layouts = registry.lerobot_layouts()
+    kind = config.get("type")
+    if kind not in layouts:
+        raise ConfigError(f"{where}: a LeRobot {kind!r} policy; zerojax reads LeRobot's {', '.join(layouts)} "
+                          "policies")
+    weights = Path(directory) / "model.safetensors"
+    if not weights.is_file():
+        raise ConfigError(f"model.init_from={directory!r}: a LeRobot {kind} policy without model.safetensors")
+    _, layout = layouts[kind]
+    out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
+    try:
+        out = _coerced("model", out, ModelConfig)
+        ModelConfig(**out)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return out
+
+
+def hf_model_keys(directory: str, given: dict | None = None) -> dict:
+    """The model.* values a Hugging Face directory's config.json implies, or a LeRobot policy
+    directory's (ConfigError if it cannot be read or describes a model zerojax does not have).
+    `given`: the model keys the user set, which a LeRobot checkpoint may need (`lerobot_model_keys`)."""
     where = Path(directory) / "config.json"
     if not where.is_file():
         raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
-                          "model directory (config.json and model.safetensors) or a zerojax export file")
+                          "model directory (config.json and model.safetensors), a LeRobot policy directory or a "
+                          "zerojax export file")
     hf, architectures = read_json_object(where, "a Hugging Face config"), registry.hf_architectures()
+    if is_lerobot(hf):
+        return lerobot_model_keys(directory, hf, given or {})
     archs = hf.get("architectures")
     if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
         raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, "

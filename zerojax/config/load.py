@@ -161,7 +161,7 @@ def _from_hugging_face(tree: dict) -> None:
     model = tree.get("model", {})
     if not model.get("init_from") or not Path(model["init_from"]).is_dir():
         return
-    for key, value in hf_model_keys(model["init_from"]).items():
+    for key, value in hf_model_keys(model["init_from"], model).items():
         if isinstance(value, dict):  # a sub-section (model.vision): each of its keys must agree
             section = model.setdefault(key, {})
             for sub, sub_value in value.items():

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from zerojax import data
-from zerojax.config import ModelConfig, hf_model_keys
+from zerojax.config import ModelConfig, hf_model_keys, lerobot_dir
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
@@ -126,6 +126,10 @@ def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple
     from the files' headers alone (ConfigError if anything is missing or misshapen): a Hugging
     Face directory, or one safetensors file of zerojax parameter paths (`zerojax export`)."""
     path = Path(init_from)
+    if path.is_dir() and lerobot_dir(path):  # a LeRobot policy: its family's LeRobot names
+        ckpt, table = Checkpoint([path / "model.safetensors"], init_from), registry.lerobot_layout(family).tensors
+        check(ckpt, plan, table, stacked)
+        return ckpt, table, stacked
     if path.is_dir():
         layout = registry.hf_layout(family)
         ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors
@@ -159,9 +163,10 @@ def load(directory: str):
     return cfg, model
 
 
-def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...]) -> list[Entry]:
-    """The export's tensors, in order (a leaf's tensors together), named by the family's table."""
-    table, out = registry.hf_layout(family).tensors, []
+def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...], table: dict | None = None) -> list[Entry]:
+    """The export's tensors, in order (a leaf's tensors together), named by the family's table
+    (its Hugging Face layout's, or `table`)."""
+    table, out = table or registry.hf_layout(family).tensors, []
     for path, shape in shapes.items():
         tensor = table[path]
         flip = (lambda s: tuple(reversed(s))) if tensor.transposed else tuple

@@ -1,10 +1,24 @@
-"""LeRobot's π0 checkpoints (a `PI0Policy.save_pretrained` directory: config.json with
-"type": "pi0", model.safetensors) read into zerojax's `model.family=pi0`.
+"""LeRobot's π0 checkpoints in and out (a `PI0Policy.save_pretrained` directory: config.json with
+"type": "pi0", model.safetensors with LeRobot's names `model.paligemma_with_expert.…`).
 
-LeRobot's config.json does not name the VLM's or the expert's sizes (LeRobot fixes them at
-gemma_2b and gemma_300m): they are read from the tensors' shapes. LeRobot's experts have one
-key/value head, so the head dim is k_proj's rows and the query heads q_proj's rows over it. The
-SigLIP tower's head count is in no tensor's shape: So400m's 16 unless given (`vision_heads`).
+In: `model.init_from=DIR`. The model keys come from config.json and the tensors' shapes
+(`config.hf_config.lerobot_model_keys`, through the family's `LEROBOT` layout: LeRobot's
+config.json does not name the sizes); the tensors are read into the sharded master layout slice
+by slice as for Hugging Face (`interop.hf.init_source`). The normalization statistics: LeRobot
+0.3.x keeps them as buffers in model.safetensors (`normalize_inputs.buffer_observation_state.mean`,
+`normalize_targets.buffer_action.std`, ...), LeRobot 0.4.x in its processors' files
+(policy_preprocessor.json, whose `normalizer_processor` step names a safetensors file of
+`observation.state.mean`, ...); `read_stats` reads either. The run keeps config.json and the
+statistics in RUN_DIR/lerobot_init/ (`init_files`), so its export does not depend on DIR.
+
+Out: `save` (`zerojax export --format lerobot`) writes what LeRobot 0.3.x's
+`PI0Policy.from_pretrained` loads: config.json (the one the run started from, with the keys the
+model fixes set from the run, and the features and normalization of the run's LeRobot dataset
+where it trained on one) and one model.safetensors with the statistics as buffers (the dataset's
+where the run has them, RUN_DIR/lerobot.json, else the checkpoint's it started from). Tensors of
+the starting checkpoint that the model does not use (the expert's `lm_head`: π0 predicts
+velocities, not tokens) are copied from model.init_from while that directory is there; without
+it they are left out, which LeRobot's non-strict load accepts (they stay at their init).
 
     cfg, model = zerojax.lerobot.load(DIR)        # one device, fp32
     model.flow_loss(batch, noise, time)           # LeRobot's PI0FlowMatching.forward
@@ -14,112 +28,236 @@ SigLIP tower's head count is in no tensor's shape: So400m's 16 unless given (`vi
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
+from zerojax.config import hf_model_keys, lerobot_dir, read_json_object
 from zerojax.errors import ConfigError
+from zerojax.models import registry
+from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
-SUPPORTED = ("pi0",)
 SO400M_HEADS = 16  # SigLIP So400m/14, π0's tower
+INIT_DIR = "lerobot_init"  # RUN_DIR/lerobot_init/: the LeRobot checkpoint's config.json and statistics
+STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's normalizer saves them
+# LeRobot 0.3.x's normalization modules: (module, the features it normalizes)
+BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output_features"),
+           ("unnormalize_outputs", "output_features"))
+MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
+DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot's
 
 
 def read_config(directory: Path) -> dict:
+    """config.json of a LeRobot policy of a type zerojax reads (ConfigError naming it if not)."""
+    directory = Path(directory)
     path = directory / "config.json"
     if not path.is_file():
         raise ConfigError(f"{directory}: no config.json (a LeRobot policy directory, as PI0Policy.save_pretrained "
                           "writes it)")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not JSON ({err})") from None
-    if config.get("type") not in SUPPORTED:
-        raise ConfigError(f"{path}: a LeRobot {config.get('type')!r} policy; zerojax reads {', '.join(SUPPORTED)}")
+    config = read_json_object(path, "a LeRobot policy config")
+    layouts = registry.lerobot_layouts()
+    if config.get("type") not in layouts:
+        raise ConfigError(f"{path}: a LeRobot {config.get('type')!r} policy; zerojax reads LeRobot's "
+                          f"{', '.join(layouts)} policies")
     return config
 
 
-def model_keys(directory: Path, tensors: dict, vision_heads: int = SO400M_HEADS) -> dict:
-    """The model.* keys of a LeRobot π0 checkpoint, from its config.json and its tensors' shapes."""
-    from zerojax.models import pi0
-
-    config = read_config(directory)
-    shape = lambda name: tuple(tensors[name].shape)
-    depth = lambda pattern: len({m.group(1) for k in tensors if (m := re.match(pattern, k))})
-    vlm, expert = pi0.VLM_LAYER.format(i=0), pi0.EXPERT_LAYER.format(i=0)
-    vocab, width = shape(pi0.ROOT + "paligemma.lm_head.weight")
-    head_dim = shape(vlm + "self_attn.k_proj.weight")[0]
-    layers = depth(re.escape(pi0.VLM + "language_model.layers.") + r"(\d+)\.")
-    expert_layers = depth(re.escape(pi0.ROOT + "gemma_expert.model.layers.") + r"(\d+)\.")
-    heads = shape(vlm + "self_attn.q_proj.weight")[0] // head_dim
-    expert_heads = shape(expert + "self_attn.q_proj.weight")[0] // shape(expert + "self_attn.k_proj.weight")[0]
-    expert_head_dim = shape(expert + "self_attn.k_proj.weight")[0]
-    if (layers, heads, head_dim) != (expert_layers, expert_heads, expert_head_dim):
-        raise ConfigError(f"{directory}: the experts differ in depth, heads or head_dim (VLM {layers} layers, {heads} "
-                          f"heads of {head_dim}; expert {expert_layers}, {expert_heads} of {expert_head_dim}); "
-                          "π0's joint layers need them equal")
-    tower = pi0.VLM + "vision_tower.vision_model."
-    e, _, patch, _ = shape(tower + "embeddings.patch_embedding.weight")
-    n_patches = shape(tower + "embeddings.position_embedding.weight")[0]
-    cameras = [k for k, f in config.get("input_features", {}).items() if f.get("type") == "VISUAL"]
-    action = config.get("output_features", {}).get("action", {}).get("shape", [config["max_action_dim"]])
-    return {
-        "family": "pi0", "vocab_size": vocab, "d_model": width, "n_layers": layers, "n_heads": heads,
-        "n_kv_heads": 1, "head_dim": head_dim, "d_ff": shape(vlm + "mlp.gate_proj.weight")[0], "norm_eps": 1e-6,
-        "expert": {"d_model": shape(expert + "input_layernorm.weight")[0],
-                   "d_ff": shape(expert + "mlp.gate_proj.weight")[0]},
-        "vision": {"image_size": int(round(n_patches ** 0.5)) * patch, "patch_size": patch, "d_model": e,
-                   "n_layers": depth(re.escape(tower + "encoder.layers.") + r"(\d+)\."), "n_heads": vision_heads,
-                   "d_ff": shape(tower + "encoder.layers.0.mlp.fc1.weight")[0]},
-        "action": {"horizon": config["chunk_size"], "max_state_dim": config["max_state_dim"],
-                   "max_action_dim": config["max_action_dim"], "action_dim": int(action[0]),
-                   "cameras": max(1, len(cameras) + config.get("empty_cameras", 0)),
-                   "prompt_len": config["tokenizer_max_length"]},
-    }
+def buffer_name(module: str, feature: str, stat: str) -> str:
+    """LeRobot 0.3.x's name of a statistic's buffer: normalize_inputs.buffer_observation_state.mean."""
+    return f"{module}.buffer_{feature.replace('.', '_')}.{stat}"
 
 
-def params_of(model, tensors: dict) -> dict:
-    """The model's parameters (a pure dict) filled from LeRobot's tensors (`pi0.LEROBOT_TENSORS`)."""
-    from flax import nnx
-
-    from zerojax.models import pi0
-
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    n_layers = model.shape.n_layers
-    n_vision = model.vision_shape.n_layers
-    for path, tensor in pi0.LEROBOT_TENSORS.items():
-        read = lambda name: np.transpose(tensors[name]) if tensor.transposed else np.asarray(tensors[name])
-        if "{i}" in tensor.name:
-            depth = n_vision if path.startswith("vision/") else n_layers
-            value = np.stack([read(tensor.name.format(i=i)) for i in range(depth)])
-        else:
-            value = read(tensor.name)
-        *head, last = path.split("/")
-        leaf = params
-        for key in head:
-            leaf = leaf[key]
-        if tuple(leaf[last].shape) != value.shape:
-            raise ConfigError(f"{tensor.name}: shape {list(value.shape)}, the model's {path} is {list(leaf[last].shape)}")
-        leaf[last] = value.astype(np.float32)
-    return params
-
-
-def load(directory, vision_heads: int = SO400M_HEADS):
-    """(cfg, model): a LeRobot π0 directory's ModelConfig and its model on one device, in fp32."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
+def read_stats(directory) -> dict:
+    """The normalization statistics of a LeRobot policy directory, {feature: {stat: float32
+    array}}: LeRobot 0.4.x's normalizer processor's file where there is one, else 0.3.x's
+    buffers in model.safetensors (the inputs' and the targets'); {} if it has neither."""
     from safetensors.numpy import load_file
 
-    from zerojax.config.sections import ModelConfig
-    from zerojax.models import registry
-    from zerojax.precision import Policy
+    directory = Path(directory)
+    pipeline = directory / "policy_preprocessor.json"
+    if pipeline.is_file():
+        doc = read_json_object(pipeline, "a LeRobot processor pipeline")
+        for step in doc.get("steps", []):
+            if step.get("registry_name") == "normalizer_processor" and step.get("state_file"):
+                flat = load_file(directory / step["state_file"])
+                out: dict = {}
+                for key, value in flat.items():
+                    feature, stat = key.rsplit(".", 1)
+                    out.setdefault(feature, {})[stat] = np.asarray(value, np.float32)
+                return out
+    config = read_config(directory)
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(directory / "model.safetensors", framework="numpy") as f:
+        names = set(f.keys())
+        for module, features in BUFFERS[:2]:
+            for feature in config.get(features) or {}:
+                for stat in ("mean", "std", "min", "max"):
+                    name = buffer_name(module, feature, stat)
+                    if name in names:
+                        value = np.asarray(f.get_tensor(name), np.float32)
+                        if np.isfinite(value).all():  # LeRobot's unset buffers are inf
+                            out.setdefault(feature, {})[stat] = value
+    return out
+
+
+def init_files(directory) -> dict:
+    """RUN_DIR/lerobot_init/'s files (name -> bytes) for a run that starts from a LeRobot
+    checkpoint: its config.json as it is, and its statistics (`read_stats`)."""
+    from safetensors.numpy import save
 
     directory = Path(directory)
     read_config(directory)
-    tensors = load_file(directory / "model.safetensors")
-    cfg = ModelConfig(**model_keys(directory, tensors, vision_heads))
+    flat = {f"{feature}.{stat}": value for feature, stats in read_stats(directory).items()
+            for stat, value in stats.items()}
+    return {f"{INIT_DIR}/config.json": (directory / "config.json").read_bytes(),
+            f"{INIT_DIR}/{STATS_FILE}": save(flat)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Out: what PI0Policy.from_pretrained (LeRobot 0.3.x) loads.
+
+
+def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
+    """(config.json to start from, {feature: {stat: array}}, the data's {features, modes} or {})
+    of a run: RUN_DIR/lerobot_init/ (it started from a LeRobot checkpoint) and RUN_DIR/lerobot.json
+    (it trained on a LeRobot dataset; its statistics win: the model learnt in their space)."""
+    from safetensors.numpy import load_file
+
+    init = run_dir / INIT_DIR
+    base = read_json_object(init / "config.json", "a LeRobot policy config") if (init / "config.json").is_file() else {}
+    stats = {}
+    if (init / STATS_FILE).is_file():
+        for key, value in load_file(init / STATS_FILE).items():
+            feature, stat = key.rsplit(".", 1)
+            stats.setdefault(feature, {})[stat] = value
+    data = {}
+    if (run_dir / "lerobot.json").is_file():
+        doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")
+        data = {"features": doc["features"], "modes": {k: v["mode"] for k, v in doc["normalization"].items()}}
+        stats = {k: {s: np.asarray(x, np.float32) for s, x in v.items() if s != "mode"}
+                 for k, v in doc["normalization"].items()}
+    return base, stats, data
+
+
+def _data_config(data: dict, image_size: int) -> dict:
+    """config.json's features and normalization_mapping for the run's LeRobot dataset."""
+    inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
+    for key, feature in data["features"].items():
+        if key == "action":
+            outputs[key] = {"type": "ACTION", "shape": [int(feature["shape"][-1])]}
+        elif key == "observation.state":
+            inputs[key] = {"type": "STATE", "shape": [int(feature["shape"][-1])]}
+        else:
+            inputs[key] = {"type": "VISUAL", "shape": [3, image_size, image_size]}
+    for key, kind in (("observation.state", "STATE"), ("action", "ACTION")):
+        mode = data["modes"].get(key, "identity")
+        if mode not in DATA_MODES:
+            raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
+                              f"{', '.join(DATA_MODES)} only, so --format lerobot cannot write it")
+        mapping[kind] = DATA_MODES[mode]
+    return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping}
+
+
+def stat_tensors(config: dict, stats: dict) -> dict:
+    """LeRobot 0.3.x's normalization buffers {name: float32 array} for config.json's features and
+    modes (ConfigError naming a statistic the run does not have)."""
+    mapping, out = config.get("normalization_mapping") or {}, {}
+    for module, features in BUFFERS:
+        for feature, spec in (config.get(features) or {}).items():
+            mode = mapping.get(spec.get("type"), "IDENTITY")
+            if mode not in MODE_STATS:
+                raise ConfigError(f"normalization_mapping {spec.get('type')}={mode!r}: LeRobot 0.3's π0 normalizes "
+                                  f"with {', '.join(MODE_STATS)} only")
+            for stat in MODE_STATS[mode]:
+                if stat not in stats.get(feature, {}):
+                    raise ConfigError(f"the run has no normalization statistic {feature}.{stat} ({mode}); train on a "
+                                      "LeRobot dataset (data.source=lerobot:DIR) or start from a LeRobot checkpoint "
+                                      "that has its statistics (model.init_from)")
+                value = np.asarray(stats[feature][stat], np.float32)
+                out[buffer_name(module, feature, stat)] = value.reshape(-1, 1, 1) if spec.get("type") == "VISUAL" \
+                    else value
+    return out
+
+
+def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *,
+         dtype: str = "float32") -> tuple[int, int]:
+    """A LeRobot 0.3.x π0 directory at `out` (what `zerojax export --format lerobot` writes):
+    config.json and model.safetensors (module docstring). `shapes`: zerojax parameter path -> true
+    shape; `blocks_of(path)` yields a leaf's pieces. Written to `out`.tmp and renamed once
+    complete. Returns (bytes, tensors)."""
+    from zerojax.interop.hf import hf_tensors
+
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    layout = registry.lerobot_layout(model["family"])
+    base, stats, data = _run_policy(run_dir)
+    config = layout.to_config(model, base)
+    if data:
+        config.update(_data_config(data, model["vision"]["image_size"]))
+    if not config.get("output_features"):
+        raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
+                          "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
+    extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()}
+    tensors = hf_tensors(model["family"], shapes, stacked, layout.tensors)
+    written = {t.name for t in tensors}
+    unused = _unused_tensors(model.get("init_from", ""), written)
+    tensors += [Entry(name, f"lerobot:{name}", None, shape) for name, shape in unused.items()]
+    tensors += [Entry(path.removeprefix("lerobot:"), path, None, value.shape) for path, value in extra.items()]
+    source = Checkpoint([Path(model["init_from"]) / "model.safetensors"], model["init_from"]) if unused else None
+
+    def blocks(path):
+        if path in extra:
+            yield tuple(slice(0, n) for n in extra[path].shape), extra[path]
+        elif path.startswith("lerobot:"):
+            name = path.removeprefix("lerobot:")
+            yield tuple(slice(0, n) for n in unused[name]), source.read(name, ())
+        else:
+            yield from blocks_of(path)
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype), tensors, blocks, dtype)
+    (tmp / "config.json").write_text(json.dumps(config, indent=4))
+    tmp.rename(out)  # the directory appears only once complete
+    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+
+
+def _unused_tensors(init_from: str, written: set) -> dict:
+    """name -> shape of the tensors of the LeRobot checkpoint the run started from that the
+    export writes no other way (not the model's, not statistics): {} if it is not there."""
+    if not init_from or not lerobot_dir(init_from) or not (Path(init_from) / "model.safetensors").is_file():
+        return {}
+    shapes = Checkpoint([Path(init_from) / "model.safetensors"], init_from).shapes
+    stats = tuple(f"{module}." for module, _ in BUFFERS)
+    return {name: shape for name, shape in shapes.items() if name not in written and not name.startswith(stats)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python API: one device, fp32.
+
+
+def load(directory, vision_heads: int = SO400M_HEADS):
+    """(cfg, model): a LeRobot π0 directory's ModelConfig and its model on one device, in fp32,
+    each tensor read through the same path as `model.init_from`."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from zerojax.config.sections import ModelConfig
+    from zerojax.interop import hf
+    from zerojax.models.protocol import Units
+    from zerojax.parallel import plan as plan_lib
+    from zerojax.precision import Policy
+
+    directory = str(directory)
+    read_config(Path(directory))
+    cfg = ModelConfig(**hf_model_keys(directory, {"vision": {"n_heads": vision_heads}}), init_from=directory)
     model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), seed=0))
-    params = params_of(model, tensors)
-    nnx.update(model, jax.tree.map(jnp.asarray, params))
+    units = Units.of(model)
+    plan = plan_lib.make_plan(nnx.to_pure_dict(nnx.state(model, nnx.Param)), 0, 1, 0, stacked=units.names)
+    device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    loaded = hf.init_params(directory, plan, device, cfg.family, units.names)
+    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(loaded)))
     return cfg, model

@@ -7,6 +7,7 @@ A family module (`models/gpt.py`, `models/llama.py`) holds
     build(*, cfg, policy, rngs)   the factory (the same signature as a user's module:factory)
     check_config(cfg)             its rules on a ModelConfig (ConfigError), beyond the generic ones
     HF = HfLayout(...)            its Hugging Face architectures, config.json keys and tensor table
+    LEROBOT = LeRobotLayout(...)  optional: its LeRobot policy type, model keys and tensor table
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ class HfLayout:
     # tensor-name prefixes as zerojax writes them -> the prefix other writers store instead
     # (transformers 5 saves PaliGemma's `vision_tower.vision_model.` as `vision_tower.`)
     aliases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LeRobotLayout:
+    """A family's LeRobot policy checkpoints (`PreTrainedPolicy.save_pretrained`: config.json with
+    "type", model.safetensors): what `zerojax.interop.lerobot` reads and writes for it."""
+
+    type: str  # config.json's "type"
+    # (config.json, tensor name -> shape, config.json's path, the model keys the user gave) -> model.* keys;
+    # ConfigError if the checkpoint makes no such model. A key no tensor shape holds: the user's wins.
+    model_keys: Callable[[dict, dict, str, dict], dict]
+    tensors: dict[str, Tensor]  # zerojax parameter path -> its LeRobot tensor
+    to_config: Callable[[dict, dict], dict]  # (a run's model section, a LeRobot config.json to start from) -> config.json
 
 
 def require(hf: dict, where: str, family: str, keys: list[str]) -> None:

@@ -43,6 +43,22 @@ def hf_layout(family: str):
     return layouts[family]
 
 
+def lerobot_layouts() -> dict:
+    """LeRobot policy type (config.json's "type") -> (the model.family that reads it, its `family.LeRobotLayout`)."""
+    modules = {family: family_module(family) for family in FAMILIES}
+    return {module.LEROBOT.type: (family, module.LEROBOT) for family, module in modules.items()
+            if getattr(module, "LEROBOT", None) is not None}
+
+
+def lerobot_layout(family: str):
+    """The LeRobot layout of `model.family` (ConfigError if it has none)."""
+    for name, layout in lerobot_layouts().values():
+        if name == family:
+            return layout
+    raise ConfigError(f"model.family={family}: no LeRobot layout; zerojax converts LeRobot's "
+                      f"{', '.join(lerobot_layouts()) or 'none'} policies")
+
+
 def users_callable(spec: str, where: str) -> Callable:
     """The callable `module:name` of the user's (a model's or a data source's factory), the
     current directory on sys.path as `python -m` has it; ConfigError naming `where` if it cannot

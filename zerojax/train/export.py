@@ -16,6 +16,7 @@ from zerojax.config import EXPORT_FORMATS, LoraConfig, ModelConfig, file_in_the_
 from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
+from zerojax.interop import lerobot
 from zerojax.interop import peft
 from zerojax.interop import safetensors as safetensors_io
 from zerojax.train import model as model_lib
@@ -92,7 +93,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
            max_shard_bytes: int = 5 * 10**9, merge: bool = False) -> dict:
     """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
     paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
-    run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them.
+    run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them;
+    `lerobot`, a π0 run as LeRobot's PI0Policy.from_pretrained loads it (`interop.lerobot.save`).
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete."""
@@ -112,9 +114,12 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt == "peft" and not adapters:
         raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
                           "use --format hf or --format safetensors")
-    if merge and (fmt != "hf" or not adapters):
-        raise ConfigError("--merge merges a LoRA run's adapters into a Hugging Face export: it needs --format hf "
+    if merge and (fmt not in ("hf", "lerobot") or not adapters):
+        raise ConfigError("--merge merges a LoRA run's adapters into the weights: it needs --format hf or lerobot "
                           "and a run trained with optim.lora.rank > 0")
+    if fmt == "lerobot" and adapters and not merge:
+        raise ConfigError(f"{run_dir} holds LoRA adapters, which LeRobot's π0 does not load: --format lerobot "
+                          "--merge writes the model with them merged in")
     if fmt == "hf" and adapters and not merge:
         raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
                           "model with them merged in")
@@ -124,6 +129,9 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt == "peft":
         stacked = _stacked(meta["config"]["model"])
         written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype)
+    elif fmt == "lerobot":
+        written, count = lerobot.save(out, Path(run_dir), meta["config"]["model"], shapes,
+                                      _stacked(meta["config"]["model"]), blocks_of, dtype=dtype)
     elif fmt == "safetensors":
         tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
         tmp = out.with_name(out.name + ".tmp")

@@ -25,6 +25,7 @@ from zerojax.errors import ConfigError
 from zerojax.train.metrics import kept_metrics, metrics_line, open_metrics, write_line
 from zerojax.train.sample import Generator, Progress, sample_reply, sample_text
 from zerojax.interop import hf
+from zerojax.interop import lerobot
 from zerojax.interop import peft
 from zerojax.models import protocol
 from zerojax.parallel import trees
@@ -46,6 +47,7 @@ class Setup:
     engine: step_lib.Engine
     source: data_lib.Source
     resume_step: int = 0  # the checkpoint this run continues from (0: a fresh start)
+    init_files: dict = dataclasses.field(default_factory=dict)  # model.init_from's files the run keeps (LeRobot's)
 
     @property
     def mesh(self):
@@ -69,8 +71,11 @@ def prepare(cfg: Config) -> Setup:
             f"({source.vocab_size} from {where}); set model.vocab_size>={source.vocab_size}"
         )
     check_batch(cfg, step)
+    init_files = {}
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
         hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
+        if config_lib.lerobot_dir(cfg.model.init_from):  # its config.json and statistics, for the export
+            init_files = lerobot.init_files(cfg.model.init_from)
     lora = cfg.optim.lora
     if lora.init_from:
         peft.init_adapters(lora.init_from, step.plan, None, cfg.model.family, step.units.names,
@@ -82,7 +87,7 @@ def prepare(cfg: Config) -> Setup:
     if start:  # checked now, not when the run gets there: its model and trained leaves, its metrics
         checkpoint.check_matches(cfg.run_dir, start, step.plan)
         kept_metrics(cfg.run_dir / "metrics.jsonl", start)
-    return Setup(cfg, step, source, start)
+    return Setup(cfg, step, source, start, init_files)
 
 
 def check_batch(cfg: Config, engine) -> None:
@@ -206,6 +211,9 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
         config_lib.dump(cfg, out / "config.yaml")
         for name, text in getattr(setup.source, "run_files", dict)().items():  # e.g. a LeRobot source's statistics
             (out / name).write_text(text)
+        for name, blob in setup.init_files.items():  # e.g. a LeRobot checkpoint's config.json and statistics
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(blob)
     history, saved_at, stopped = [], start, None
     tokens_per_step = cfg.train.global_batch * cfg.model.seq_len
     mfu, profile = sinks_lib.mfu_of(cfg, engine.mesh), sinks_lib.Profile(cfg)
