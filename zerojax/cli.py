@@ -126,6 +126,9 @@ def _export_arguments(export: Parser) -> None:
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    export.add_argument("--weights", choices=rules.EXPORT_WEIGHTS,
+                        help="ema: the optim.ema average of the trained weights, raw: the weights themselves "
+                             "(default: ema when the checkpoint holds one)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -332,10 +335,10 @@ def cmd_export(args) -> int:
     if args.format == "safetensors" and out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
     done = export_lib.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
-                             merge=args.merge)
+                             merge=args.merge, weights=args.weights)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
-          f"({args.dtype}) from step {done['step']}")
+          f"({args.dtype}, {done['weights']} weights) from step {done['step']}")
     return 0
 
 
