@@ -279,7 +279,7 @@ def cmd_memory(args) -> int:
         raise UsageError("give exactly one of --params P or --config PATH")
     if not 0 <= args.k < math.inf:
         raise UsageError(f"--k {args.k} must be a finite number >= 0 (Adam with fp32 master: 12)")
-    trained, frozen_bytes, offload = args.trainable, args.frozen_bytes, args.offload or "none"
+    trained, frozen_bytes, offload, ema = args.trainable, args.frozen_bytes, args.offload or "none", False
     if args.config is not None:
         from zerojax.analysis import measure  # jax: Ψ from the abstract model
 
@@ -287,6 +287,7 @@ def cmd_memory(args) -> int:
         offload = args.offload or cfg.zero.offload
         params, trained = measure.param_counts(cfg)
         frozen_bytes = formats.dtype(cfg.precision.frozen).itemsize
+        ema = cfg.optim.ema > 0
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
         raise UsageError("give --devices N (the devices on the data axis)")
@@ -295,7 +296,7 @@ def cmd_memory(args) -> int:
     if not 0 < frozen_bytes < math.inf:
         raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be a finite number > 0")
     params = int(params) if float(params).is_integer() else params
-    doc = formulas.memory_report(params, devices, args.k, trained, frozen_bytes, offload)
+    doc = formulas.memory_report(params, devices, args.k, trained, frozen_bytes, offload, ema)
     report.emit(doc, args.json, report.memory_table)
     return 0
 
