@@ -129,6 +129,9 @@ def _export_arguments(export: Parser) -> None:
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")
     export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    export.add_argument("--weights", choices=rules.EXPORT_WEIGHTS,
+                        help="ema: the optim.ema average of the trained weights, raw: the weights themselves "
+                             "(default: ema when the checkpoint holds one)")
     export.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -287,7 +290,7 @@ def cmd_memory(args) -> int:
         raise UsageError("give exactly one of --params P or --config PATH")
     if not 0 <= args.k < math.inf:
         raise UsageError(f"--k {args.k} must be a finite number >= 0 (Adam with fp32 master: 12)")
-    trained, frozen_bytes, offload = args.trainable, args.frozen_bytes, args.offload or "none"
+    trained, frozen_bytes, offload, ema = args.trainable, args.frozen_bytes, args.offload or "none", False
     if args.config is not None:
         from zerojax.analysis import measure  # jax: Ψ from the abstract model
 
@@ -295,6 +298,7 @@ def cmd_memory(args) -> int:
         offload = args.offload or cfg.zero.offload
         params, trained = measure.param_counts(cfg)
         frozen_bytes = formats.dtype(cfg.precision.frozen).itemsize
+        ema = cfg.optim.ema > 0
         devices = devices or (cfg.mesh.data if cfg.mesh.data > 0 else None)
     if devices is None:
         raise UsageError("give --devices N (the devices on the data axis)")
@@ -303,7 +307,7 @@ def cmd_memory(args) -> int:
     if not 0 < frozen_bytes < math.inf:
         raise UsageError(f"--frozen-bytes {frozen_bytes:g} must be a finite number > 0")
     params = int(params) if float(params).is_integer() else params
-    doc = formulas.memory_report(params, devices, args.k, trained, frozen_bytes, offload)
+    doc = formulas.memory_report(params, devices, args.k, trained, frozen_bytes, offload, ema)
     report.emit(doc, args.json, report.memory_table)
     return 0
 
@@ -343,10 +347,10 @@ def cmd_export(args) -> int:
     if args.format == "safetensors" and out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
     done = export_lib.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
-                             merge=args.merge)
+                             merge=args.merge, weights=args.weights)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
-          f"({args.dtype}) from step {done['step']}")
+          f"({args.dtype}, {done['weights']} weights) from step {done['step']}")
     return 0
 
 

@@ -17,13 +17,18 @@ ALIASES = {0: "NO_SHARD (DDP)", 1: "-", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FORMULAS = {0: "(2 + 2 + K)·Ψ", 1: "(2 + 2)·Ψ + K·Ψ/N", 2: "2·Ψ + (2 + K)·Ψ/N", 3: "(2 + 2 + K)·Ψ/N"}
 
 
+EMA_BYTES = 4  # optim.ema: an fp32 average of each trained parameter, laid out as its master
+
+
 def model_state_bytes(stage: int, params: float, devices: int, k: float = 12, trained: float | None = None,
-                      frozen_bytes: float = 2) -> float:
+                      frozen_bytes: float = 2, ema: bool = False) -> float:
     """Per-device bytes of model states under ZeRO `stage` (2-byte params and grads, K-byte Adam).
 
     With `trained` < `params` (frozen leaves, a LoRA base), only the trained Ψ_t pay the formula;
     the frozen Ψ_f = Ψ - Ψ_t are stored once, `frozen_bytes` each (no gradient, no master, no
-    moments), sharded where the stage shards weights: b_f·Ψ_f at stages 0-2, b_f·Ψ_f/N at 3."""
+    moments), sharded where the stage shards weights: b_f·Ψ_f at stages 0-2, b_f·Ψ_f/N at 3.
+    With `ema` (optim.ema > 0), 4 more bytes per trained parameter, sharded like the master
+    (4·Ψ_t, /N at stages 1-3)."""
     trained = params if trained is None else trained
     if devices < 1 or params < 0 or k < 0 or not 0 <= trained <= params:
         raise ConfigError(f"need params >= 0, devices >= 1, k >= 0 and 0 <= trainable <= params, got "
@@ -31,7 +36,7 @@ def model_state_bytes(stage: int, params: float, devices: int, k: float = 12, tr
     psi, n, frozen = trained, devices, params - trained
     states = {0: (2 + 2 + k) * psi, 1: (2 + 2) * psi + k * psi / n,
               2: 2 * psi + (2 + k) * psi / n, 3: (2 + 2 + k) * psi / n}[stage]
-    return states + frozen_bytes * frozen / (n if stage == 3 else 1)
+    return states + frozen_bytes * frozen / (n if stage == 3 else 1) + EMA_BYTES * ema * psi / (n if stage else 1)
 
 
 def host_state_bytes(stage: int, trained: float, devices: int, k: float = 12, offload: str = "none") -> float:
@@ -42,14 +47,17 @@ def host_state_bytes(stage: int, trained: float, devices: int, k: float = 12, of
 
 
 def memory_report(params: float, devices: int, k: float = 12, trained: float | None = None,
-                  frozen_bytes: float = 2, offload: str = "none") -> dict:
+                  frozen_bytes: float = 2, offload: str = "none", ema: bool = False) -> dict:
     """The `zerojax memory --json` document (docs/design.md §4): `stages` is what each device
-    holds; with `offload`, `host_stages` what its host holds for it."""
+    holds (the EMA's 4 bytes per trained parameter included with `ema`); with `offload`,
+    `host_stages` what its host holds for it."""
     psi_t = params if trained is None else trained
     host = {str(s): host_state_bytes(s, psi_t, devices, k, offload) for s in STAGES}
     doc = {"params": params, "devices": devices, "k": k,
-           "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes) - host[str(s)]
+           "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes, ema) - host[str(s)]
                       for s in STAGES}}
+    if ema:
+        doc["ema_bytes_per_param"] = EMA_BYTES
     if trained is not None and trained != params:
         doc.update(trainable=trained, frozen_bytes_per_param=frozen_bytes)
     if offload != "none":

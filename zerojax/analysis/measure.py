@@ -19,7 +19,7 @@ from zerojax.schedules import quant
 from zerojax.train import model as model_lib
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
-from zerojax.analysis.formulas import comm_theory_bytes, host_state_bytes, model_state_bytes, peak_bytes
+from zerojax.analysis.formulas import EMA_BYTES, comm_theory_bytes, host_state_bytes, model_state_bytes, peak_bytes
 from zerojax.analysis.hlo import DTYPE_BYTES, argument_bytes_by_memory, collective_bytes
 from zerojax.analysis.traced import regime, transient_estimate
 
@@ -108,17 +108,18 @@ def stage_report(cfg, engine, compiled, params: int) -> dict:
     explicit = z.schedule == "shard_map"
     leaves = jax.tree.leaves(engine.plan.leaves)
     trained = sum(math.prod(leaf.shape) for leaf in leaves if not leaf.frozen)
-    b_f = jnp.dtype(cfg.precision.frozen).itemsize
+    b_f, ema = jnp.dtype(cfg.precision.frozen).itemsize, cfg.optim.ema > 0
     frozen = {} if trained == params else {
         "trainable": trained, "frozen_bytes_per_param": b_f,
         # What the step keeps between steps: the frozen leaves as stored (b_f·Ψ_f, /N at stage 3)
-        # and the trained leaves' fp32 master, m and v (12·Ψ_t, /N at stages 1-3).
-        "state_formula_bytes": b_f * (params - trained) / (n if stage == 3 else 1) + 12 * trained / (n if stage else 1),
-        "state_bytes": state_bytes(engine.plan),
+        # and the trained leaves' fp32 master, m and v (12·Ψ_t, /N at stages 1-3), and an EMA (4·Ψ_t).
+        "state_formula_bytes": b_f * (params - trained) / (n if stage == 3 else 1)
+        + (12 + EMA_BYTES * ema) * trained / (n if stage else 1),
+        "state_bytes": state_bytes(engine.plan, ema),
     }
     return {
         **measure_memory(compiled),
-        "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f),
+        "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f, ema=ema),
         "unsharded_bytes": engine.plan.unsharded_bytes() if stage else 0,
         **frozen,
         # zero.offload: what the formula moves to the host (12·Ψ_t or 8·Ψ_t, /N at stages 1-3)
@@ -148,14 +149,15 @@ def quantized_gather(policy, moved: str | None) -> dict:
                                  "moved_as": moved, "note": note}}
 
 
-def state_bytes(plan) -> int:
+def state_bytes(plan, ema: bool = False) -> int:
     """Per-device bytes of the state a step keeps, from the plan: per leaf its stored copy, and for
-    trained leaves two fp32 Adam moments beside it, divided by N where the leaf is sharded."""
+    trained leaves two fp32 Adam moments beside it (and an EMA, with `ema`), divided by N where
+    the leaf is sharded."""
     total = 0
     for leaf in jax.tree.leaves(plan.leaves):
         per_copy = math.prod(leaf.stored) * leaf.itemsize
         sharded = leaf.dim is not None and (plan.layout.master or leaf.frozen)
-        total += per_copy * (1 if leaf.frozen else 3) // (plan.data_size if sharded else 1)
+        total += per_copy * (1 if leaf.frozen else 3 + ema) // (plan.data_size if sharded else 1)
     return total
 
 

@@ -22,11 +22,13 @@ DTYPES = ("float32", "bfloat16", "float16")  # precision.compute, gather, reduce
 QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (schedules.quant.QUANT_FORMATS)
 LOSS_SCALES = ("dynamic", "none")  # precision.loss_scale, when not a number
 LR_SCHEDULES = ("cosine", "constant")  # optim.schedule: after warmup
+LORA_BASES = ("all", "targets")  # optim.lora.base: what LoRA freezes (every leaf but the adapters | what the targets adapt)
 DISTRIBUTED = ("auto", "off")  # mesh.distributed
 NORMALIZATIONS = ("identity", "mean_std", "min_max", "quantiles", "quantile10")  # data.norm_state, norm_action: LeRobot's modes
 RESUMES = ("auto", "never")  # train.resume
 EXPORT_FORMATS = ("safetensors", "hf", "peft", "lerobot")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`
+EXPORT_WEIGHTS = ("ema", "raw")  # `zerojax export --weights`: optim.ema's average or the weights themselves
 XLA_PRESETS = ("gpu",)  # --xla-preset: the names of parallel.mesh.XLA_PRESETS (which imports jax)
 RENAMED = {"model.name": "model.family (gpt | llama | module:factory)"}  # old key -> its replacement
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -47,7 +49,7 @@ def gather_stages(gather: str, schedule: str) -> tuple[int, ...]:
 
 def check_between_keys(cfg) -> None:
     """The rules between the keys of a `Config` (its sections have checked their own values)."""
-    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab):
+    for rule in (_quantized_gather, _offload, _ema, _reduce, _byte_vocab):
         rule(cfg)
 
 
@@ -65,6 +67,13 @@ def _offload(cfg) -> None:
         raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
                           f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
                           "or zero.offload=none")
+
+
+def _ema(cfg) -> None:
+    if cfg.optim.ema and cfg.zero.offload == "optimizer+master":
+        raise ConfigError(f"optim.ema={cfg.optim.ema} with zero.offload=optimizer+master is not implemented in zerojax "
+                          "yet (the EMA lives on the device, beside a master the update writes in host memory); "
+                          "use zero.offload=optimizer or none, or optim.ema=0")
 
 
 def _reduce(cfg) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import re
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+from zerojax.config.rules import (DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
@@ -295,11 +295,13 @@ class PrecisionConfig:
 class LoraConfig:
     rank: int = 0  # adapter rank r; 0 = LoRA off
     alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
-    targets: tuple[str, ...] = ("*attn*kernel", "*mlp*kernel")  # glob patterns over the kernels of nnx.Linear layers
+    targets: tuple[str, ...] = ("*attn*kernel", "*mlp*kernel")  # glob patterns over the kernels of nnx.Linear layers, or components the model names (decoder, language, expert)
+    base: str = "all"  # what LoRA freezes: all (every leaf but the adapters, PEFT's way) | targets (only what the targets adapt, openpi's way; the rest trains)
     init_from: str = ""  # adapters to continue from: a PEFT directory (`zerojax export --format peft`)
 
     def __post_init__(self):
         _at_least("optim.lora.rank", self.rank, 0)
+        _choice("optim.lora.base", self.base, LORA_BASES)
         _finite("optim.lora.alpha", self.alpha, 0, above=True)
         if self.rank and not self.targets:
             raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
@@ -315,7 +317,8 @@ class OptimConfig:
     clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
     warmup_steps: int = 50  # linear warmup from 0 to lr
     schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
-    freeze: tuple[str, ...] = ()  # parameter-path patterns (or unit names) that are not trained
+    freeze: tuple[str, ...] = ()  # parameter-path patterns, or components the model names (vision, vlm, ...), that are not trained
+    ema: float = 0.0  # decay of an exponential moving average of the trained weights (openpi: 0.99); 0 = off
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
 
     def __post_init__(self):
@@ -330,6 +333,9 @@ class OptimConfig:
         _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
         _choice("optim.schedule", self.schedule, LR_SCHEDULES)
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"optim.ema={self.ema} must be in [0, 1): the EMA's decay per step (openpi's is 0.99), "
+                              "0 for no EMA")
 
 
 @dataclass(frozen=True, kw_only=True)

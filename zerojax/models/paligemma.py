@@ -44,11 +44,15 @@ from zerojax.models.family import HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
-TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")  # optim.freeze=vision* freezes these
+TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")  # optim.freeze=vision (or vision*) freezes these
+DECODER = ("embed_tokens", "layers", "norm")  # Gemma: optim.lora.targets=decoder adapts its kernels only
 
 
 class PaliGemma(nnx.Module):
     STACKED = ("vision", "layers")
+    # Named components (`optim.components`): optim.freeze=vision, optim.lora.targets=decoder.
+    # The projector belongs to neither: it is the glue, trained unless named.
+    COMPONENTS = {"vision": TOWER, "decoder": DECODER}
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  head_dim: int, d_ff: int, vision: siglip.Shape, image_token_id: int, rope_theta: float = 10000.0,

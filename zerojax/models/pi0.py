@@ -64,6 +64,16 @@ from zerojax.precision import Policy
 
 BATCH = ("images", "image_masks", "tokens", "token_mask", "state", "actions", "action_is_pad", "noise", "time")
 TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")  # the vision tower's parameters
+LANGUAGE = ("embed_tokens", "norm", "layers/vlm")  # PaliGemma's Gemma: its embeddings, final norm, joint-layer halves
+EXPERT = ("layers/expert", "expert_norm")  # the action expert's Gemma: its joint-layer halves and final norm
+ACTION = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+# Named components (`optim.components`), for the fine-tuning recipes as one key each:
+#   optim.freeze=vision                 LeRobot's freeze_vision_encoder (its default)
+#   optim.freeze=vlm                    LeRobot's train_expert_only: all of PaliGemma frozen
+#   optim.lora.targets=language         LoRA on the VLM's Gemma (with optim.lora.base=targets: openpi's
+#   optim.lora.targets=language,expert  gemma_2b_lora / gemma_300m_lora, the rest trained)
+COMPONENTS = {"vision": TOWER, "language": LANGUAGE, "vlm": (*TOWER, "multi_modal_projector", *LANGUAGE),
+              "expert": EXPERT, "action": ACTION}
 BIG_NEG = -2.3819763e38  # openpi's (gemma/modules.py) masked score
 
 
@@ -204,6 +214,7 @@ def _linear(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
 
 class Pi0(nnx.Module):
     STACKED = ("vision", "layers")
+    COMPONENTS = COMPONENTS
 
     def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs):
         s, self.shape, self.vision_shape = shape, shape, vision
@@ -376,9 +387,7 @@ class Pi0(nnx.Module):
         s, P, S = self.shape, self.prefix_len, 1 + self.shape.horizon
         tower = sum(size(params[k]) for k in TOWER)
         vlm = size(params["layers"]["vlm"]) + size(params["multi_modal_projector"])
-        expert = size(params["layers"]["expert"]) + sum(
-            size(params[k]) for k in ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in",
-                                      "action_time_mlp_out", "expert_norm"))
+        expert = size(params["layers"]["expert"]) + sum(size(params[k]) for k in ("expert_norm", *ACTION))
         return (s.cameras * siglip.flops_per_image(tower, self.vision_shape) + 6 * vlm * P + 6 * expert * S
                 + 12 * s.n_layers * (P + S) ** 2 * s.n_heads * s.head_dim)
 

@@ -22,6 +22,7 @@ import jax
 import optax
 from zerojax.errors import ConfigError
 from zerojax.config import OptimConfig
+from zerojax.optim.components import expand, names_hint
 from zerojax.parallel.trees import path_name
 
 
@@ -47,14 +48,16 @@ def is_frozen(path: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, p.rstrip("/") + "/*") for p in patterns)
 
 
-def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False) -> None:
-    """Every pattern matches a parameter, and something is left to train (`frozen`: the mask
-    the run will use, LoRA's base included)."""
+def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False, components=None) -> None:
+    """Every pattern (or named component, `optim.components`) matches a parameter, and something
+    is left to train (`frozen`: the mask the run will use, LoRA's base included)."""
+    components = components or {}
     paths = [path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     for pattern in patterns:
-        if not any(is_frozen(path, (pattern,)) for path in paths):
+        if not any(is_frozen(path, expand(pattern, components)) for path in paths):
             raise ConfigError(f"optim.freeze pattern {pattern!r} matches no parameter; paths look like "
-                             f"{', '.join(paths[:3])} (a top-level name such as {paths[0].split('/')[0]!r} freezes all of it)")
+                             f"{', '.join(paths[:3])} (a top-level name such as {paths[0].split('/')[0]!r} freezes all "
+                             f"of it){names_hint(components)}")
     if all(jax.tree.leaves(frozen)):
         with_lora = " together with LoRA (which trains only the adapters)" if lora else ""
         raise ConfigError(f"optim.freeze={list(patterns)}{with_lora} freezes every parameter; nothing would train")

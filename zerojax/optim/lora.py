@@ -8,8 +8,11 @@ defines them (Hu et al. 2021):
 
 so a new adapter leaves the model's output unchanged. A and B live at `<layer>/lora_a` and
 `<layer>/lora_b`; on a stacked layer they carry the stack's layer axis like the kernel, so they
-travel with its unit. Everything else is frozen (`zerojax.sharding`: no master, no optimizer
-state, no gradient). PEFT stores A transposed (`lora_A.weight` [r, in]) and B too
+travel with its unit. The base is frozen (no master, no optimizer state, no gradient): all of it
+(`optim.lora.base=all`, PEFT's way), or only what the targets adapt (`targets`, openpi's way:
+the adapted kernels, and every leaf of a component named in the targets), the rest trained
+beside the adapters. A target is a glob over kernel paths or a component the model names
+(`optim.components`: `decoder`, `language`, `expert`). PEFT stores A transposed (`lora_A.weight` [r, in]) and B too
 (`lora_B.weight` [out, r]); `zerojax export --format peft` writes them so.
 
 The layer is changed in place into a subclass of its own class that adds the adapter's term to
@@ -26,6 +29,7 @@ from flax import nnx
 from zerojax.errors import ConfigError
 from zerojax.config import LoraConfig
 from zerojax.optim.adamw import is_frozen
+from zerojax.optim.components import components_of, expand_all, kernel_globs, names_hint
 from zerojax.parallel.trees import path_name
 
 
@@ -61,13 +65,16 @@ def kernel_paths(model) -> list[str]:
 
 
 def targets_of(model, cfg: LoraConfig) -> list[tuple[str, nnx.Module]]:
-    """(kernel path, layer) of every nnx.Linear whose kernel a target pattern matches."""
+    """(kernel path, layer) of every nnx.Linear whose kernel a target matches: a glob over kernel
+    paths, or a component the model names (`optim.components`: every kernel under it)."""
+    components = components_of(model)
+    globs = {entry: kernel_globs(entry, components) for entry in cfg.targets}
     found, matched = [], set()
     for path, node in nnx.iter_graph(model):
         if not isinstance(node, nnx.Linear):
             continue
         kernel = "/".join(str(k) for k in path) + "/kernel"
-        hits = [p for p in cfg.targets if fnmatch.fnmatchcase(kernel, p)]
+        hits = [entry for entry, patterns in globs.items() if any(fnmatch.fnmatchcase(kernel, p) for p in patterns)]
         if hits:
             found.append((kernel, node))
             matched.update(hits)
@@ -75,7 +82,8 @@ def targets_of(model, cfg: LoraConfig) -> list[tuple[str, nnx.Module]]:
     if unmatched:
         kernels = [p for p in kernel_paths(model) if p.endswith("kernel")]
         raise ConfigError(f"optim.lora.targets pattern {unmatched[0]!r} matches no nnx.Linear kernel; the model's "
-                          f"kernels look like {', '.join(kernels[:4]) or '(none)'}")
+                          f"kernels look like {', '.join(kernels[:4]) or '(none)'}; give a glob over them"
+                          f"{names_hint(components)}")
     return found
 
 
@@ -100,11 +108,24 @@ def attach(model, cfg: LoraConfig, stacked: tuple[str, ...], rngs: nnx.Rngs):
     return model
 
 
-def frozen_mask(params, freeze_patterns: tuple[str, ...], lora: bool):
-    """Leaves not trained: the `optim.freeze` patterns', and with LoRA every non-adapter leaf."""
+def frozen_mask(params, freeze: tuple[str, ...], lora: LoraConfig | None, components=None):
+    """Leaves not trained: those `optim.freeze` names (patterns or components), and with LoRA its
+    base. `optim.lora.base=all` (PEFT's way): every leaf but the adapters. `targets` (openpi's):
+    the base of what the targets name, the adapted kernels and every leaf of a component named
+    in the targets; the rest of the model trains beside the adapters."""
+    components = components or {}
+    frozen_patterns = expand_all(freeze, components)
+    on = lora is not None and lora.rank > 0
+    base_patterns = () if not on else expand_all(tuple(t for t in lora.targets if t in components), components)
+    kernels = () if not on else tuple(t for t in lora.targets if t not in components)
+
+    def in_base(name: str) -> bool:
+        if not on or is_adapter(name):
+            return False
+        return lora.base == "all" or is_frozen(name, base_patterns) or any(fnmatch.fnmatchcase(name, k) for k in kernels)
 
     def frozen(path, _):
         name = path_name(path)
-        return is_frozen(name, freeze_patterns) or (lora and not is_adapter(name))
+        return is_frozen(name, frozen_patterns) or in_base(name)
 
     return jax.tree_util.tree_map_with_path(frozen, params)

@@ -50,9 +50,12 @@ def saved_state(plan: plan_lib.Plan, mesh, state):
     sharded = plan.layout.master
 
     def view(state):
-        return {"step": state.step, "params": plan.unpad(state.params), "skipped": state.skipped,
-                "opt_state": plan_lib.map_like_params(state.opt_state, plan, lambda leaf, x: leaf.unpad(x)),
-                "loss_scale": state.loss_scale}
+        saved = {"step": state.step, "params": plan.unpad(state.params), "skipped": state.skipped,
+                 "opt_state": plan_lib.map_like_params(state.opt_state, plan, lambda leaf, x: leaf.unpad(x)),
+                 "loss_scale": state.loss_scale}
+        if state.ema is not None:  # optim.ema: the trained leaves' average, laid out as their master
+            saved["ema"] = plan.unpad(state.ema)
+        return saved
 
     abstract = jax.eval_shape(view, state)
     kind = lambda x: getattr(getattr(x, "sharding", None), "memory_kind", None) or "device"
@@ -63,6 +66,9 @@ def saved_state(plan: plan_lib.Plan, mesh, state):
              "opt_state": plan_lib.map_like_params(abstract["opt_state"], plan,
                                                        lambda leaf, _: _savable_spec(leaf, sharded),
                                                        lambda _: P(), stored=False)}
+    if state.ema is not None:
+        kinds["ema"] = jax.tree.map(kind, state.ema)
+        specs["ema"] = jax.tree.map(lambda leaf: _savable_spec(leaf, sharded), plan.trained_leaves)
     # Saved from, and restored into, the memory the state lives in (zero.offload: pinned host),
     # never through the device as a whole.
     shardings = jax.tree.map(lambda s, k: s.with_memory_kind(k) if k != "device" else s,
@@ -74,9 +80,16 @@ def param_shapes(plan: plan_lib.Plan) -> dict:
     return {leaf.path: list(leaf.shape) for leaf in jax.tree.leaves(plan.leaves)}
 
 
-def metadata(plan: plan_lib.Plan, step: int, config: dict) -> dict:
+def frozen_paths(plan: plan_lib.Plan) -> list[str]:
+    return sorted(leaf.path for leaf in jax.tree.leaves(plan.leaves) if leaf.frozen)
+
+
+def metadata(plan: plan_lib.Plan, step: int, config: dict, ema: bool = False) -> dict:
+    """The checkpoint's JSON: the resolved config, the parameters' true shapes, which of them
+    were frozen (what the optimizer state covers), and whether it holds an EMA (`ema`, the
+    trained leaves' average, beside `params`)."""
     return {"format": "zerojax-checkpoint", "zerojax_version": zerojax.__version__, "step": step,
-            "config": config, "param_shapes": param_shapes(plan)}
+            "config": config, "param_shapes": param_shapes(plan), "frozen": frozen_paths(plan), "ema": ema}
 
 
 def save(mgr: ocp.CheckpointManager, plan: plan_lib.Plan, mesh, state, step: int, config: dict) -> None:
@@ -85,7 +98,8 @@ def save(mgr: ocp.CheckpointManager, plan: plan_lib.Plan, mesh, state, step: int
     view, shardings, _ = saved_state(plan, mesh, state)
     saved = jax.jit(view, out_shardings=shardings)(state)
     mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(saved),
-                                           meta=ocp.args.JsonSave(metadata(plan, step, config))), force=True)
+                                           meta=ocp.args.JsonSave(metadata(plan, step, config, state.ema is not None))),
+             force=True)
 
 
 def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
@@ -100,19 +114,20 @@ def read_metadata(mgr: ocp.CheckpointManager, step: int) -> dict:
     return meta
 
 
-def check_matches(run_dir: Path, step: int, plan: plan_lib.Plan) -> None:
-    """Checkpoint `step` of `run_dir` can be restored into `plan`, judged from its metadata."""
+def check_matches(run_dir: Path, step: int, plan: plan_lib.Plan, ema: bool = False) -> None:
+    """Checkpoint `step` of `run_dir` can be restored into `plan` (with an EMA, `ema`), judged
+    from its metadata."""
     reader = manager(run_dir, keep=1, create=False, writer=False)
     try:
         meta = read_metadata(reader, step)
     finally:
         reader.close()
-    _check_meta(meta, plan, Path(run_dir) / "checkpoints" / str(step))
+    _check_meta(meta, plan, Path(run_dir) / "checkpoints" / str(step), ema)
 
 
-def _check_meta(meta: dict, plan: plan_lib.Plan, where: Path) -> None:
-    """The checkpoint holds the plan's parameters, in their true shapes, and trained the same
-    ones (the optimizer state it holds covers only those)."""
+def _check_meta(meta: dict, plan: plan_lib.Plan, where: Path, ema: bool) -> None:
+    """The checkpoint holds the plan's parameters, in their true shapes, trained the same ones
+    (the optimizer state it holds covers only those), and holds an EMA if the run keeps one."""
     fix = "use the saved run's settings (its config.yaml) or a new train.out_dir"
     saved = {path: list(shape) for path, shape in meta["param_shapes"].items()}
     want = param_shapes(plan)
@@ -124,13 +139,20 @@ def _check_meta(meta: dict, plan: plan_lib.Plan, where: Path) -> None:
                               f"{here}; {fix}")
     optim = meta.get("config", {}).get("optim", {})
     freeze, lora = tuple(optim.get("freeze", ())), bool(optim.get("lora", {}).get("rank", 0))
+    frozen = set(meta["frozen"]) if "frozen" in meta else None  # older checkpoints: from their config
     for leaf in jax.tree.leaves(plan.leaves):
-        was_frozen = is_frozen(leaf.path, freeze) or (lora and not is_adapter(leaf.path))
+        was_frozen = (leaf.path in frozen if frozen is not None else
+                      is_frozen(leaf.path, freeze) or (lora and not is_adapter(leaf.path)))
         if was_frozen != leaf.frozen:
             did, does = ("froze", "trains") if was_frozen else ("trained", "freezes")
             raise ConfigError(f"checkpoint {where} {did} {leaf.path}, which the config {does} (the saved run had "
                               f"optim.freeze={list(freeze)}, optim.lora.rank {'> 0' if lora else '= 0'}): it holds "
                               f"optimizer state for the parameters it trained only; {fix}")
+    if bool(meta.get("ema", False)) != ema:
+        has = "holds an EMA of the weights" if not ema else "holds no EMA of the weights"
+        asks = "keeps none (optim.ema=0)" if not ema else "keeps one (optim.ema > 0)"
+        raise ConfigError(f"checkpoint {where} {has} (the saved run had optim.ema={optim.get('ema', 0)}) and the "
+                          f"config {asks}; {fix}")
 
 
 def restore(mgr: ocp.CheckpointManager, plan: plan_lib.Plan, mesh, step: int, abstract_state, shardings,
@@ -138,7 +160,7 @@ def restore(mgr: ocp.CheckpointManager, plan: plan_lib.Plan, mesh, step: int, ab
     """Checkpoint `step` read straight into `plan` on `mesh` (any mesh, stage or schedule), as a
     state like `abstract_state` (a TrainState) laid out by `shardings` (host memory included);
     `finish(state)` completes what is not saved (a device copy of the weights)."""
-    _check_meta(read_metadata(mgr, step), plan, Path(mgr.directory) / str(step))
+    _check_meta(read_metadata(mgr, step), plan, Path(mgr.directory) / str(step), abstract_state.ema is not None)
     _, saved_layout, abstract = saved_state(plan, mesh, abstract_state)
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, saved_layout)
     try:
@@ -151,7 +173,7 @@ def restore(mgr: ocp.CheckpointManager, plan: plan_lib.Plan, mesh, step: int, ab
         return finish(abstract_state._replace(
             step=saved["step"], params=plan.pad(saved["params"]), skipped=saved["skipped"],
             opt_state=plan_lib.map_like_params(saved["opt_state"], plan, lambda leaf, x: leaf.pad(x), stored=False),
-            loss_scale=saved["loss_scale"]))
+            loss_scale=saved["loss_scale"], ema=plan.pad(saved["ema"]) if "ema" in saved else None))
 
     return jax.jit(into_plan, out_shardings=shardings)(saved)
 

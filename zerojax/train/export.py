@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
-from zerojax.config import EXPORT_FORMATS, LoraConfig, ModelConfig, file_in_the_way
+from zerojax.config import EXPORT_FORMATS, EXPORT_WEIGHTS, LoraConfig, ModelConfig, file_in_the_way
 from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
@@ -28,18 +28,19 @@ from zerojax.train.checkpoint import manager, read_metadata
 # ---------------------------------------------------------------------------------------------
 # Export: one consolidated safetensors file, or a Hugging Face directory, written leaf by leaf.
 
-def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
-    """One parameter of checkpoint `step`, as (index, fp32 numpy block) pieces.
+def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple, tree: str = "params"):
+    """One parameter of checkpoint `step` (from its `params`, or its `ema`), as (index, fp32
+    numpy block) pieces.
 
     Read chunk by chunk (the shards it was saved in) with tensorstore from orbax's OCDBT + zarr
     layout, so host memory holds one chunk at a time; where that layout is not found (another
     orbax version), the whole leaf at once through orbax's own restore."""
-    store = _chunked_store(mgr, step, path, shape)
+    store = _chunked_store(mgr, step, path, shape, tree)
     if store is None:  # any other layout: let orbax read it
         item = _nest(path, jax.ShapeDtypeStruct(shape, np.float32))
-        args = ocp.args.PyTreeRestore({"params": item}, partial_restore=True,
-                                      restore_args={"params": _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
-        restored = mgr.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+        args = ocp.args.PyTreeRestore({tree: item}, partial_restore=True,
+                                      restore_args={tree: _nest(path, ocp.RestoreArgs(restore_type=np.ndarray))})
+        restored = mgr.restore(step, args=ocp.args.Composite(state=args))["state"][tree]
         yield tuple(slice(0, n) for n in shape), np.asarray(_get(restored, path), np.float32)
         return
     chunk = store.chunk_layout.read_chunk.shape
@@ -49,14 +50,14 @@ def _leaf_blocks(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple)
         _return_freed_memory()  # the chunk's buffers, before the next chunk
 
 
-def _chunked_store(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple):
+def _chunked_store(mgr: ocp.CheckpointManager, step: int, path: str, shape: tuple, tree: str = "params"):
     """The tensorstore of one saved parameter in orbax's OCDBT + zarr layout, or None where the
     checkpoint does not hold it that way (the store cannot be opened, or holds another shape or
     a non-float dtype)."""
     import tensorstore as ts
 
     spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{Path(mgr.directory) / str(step) / 'state'}",
-                                          "path": "params." + path.replace("/", ".")}}
+                                          "path": f"{tree}." + path.replace("/", ".")}}
     try:
         store = ts.open(spec, open=True, read=True).result()
         dtype = store.dtype.numpy_dtype
@@ -90,14 +91,15 @@ def _open_run(run_dir: Path, step: int | None):
 
 
 def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None, fmt: str = "safetensors",
-           max_shard_bytes: int = 5 * 10**9, merge: bool = False) -> dict:
+           max_shard_bytes: int = 5 * 10**9, merge: bool = False, weights: str | None = None) -> dict:
     """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
     paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
     run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them;
     `lerobot`, a π0 run as LeRobot's PI0Policy.from_pretrained loads it (`interop.lerobot.save`).
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
-    once complete."""
+    once complete. `weights`: `ema` (the trained leaves' optim.ema average, beside the frozen
+    ones), `raw`, or None: ema when the checkpoint holds one."""
 
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -109,7 +111,9 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     mgr, step, meta = _open_run(run_dir, step)
     shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
     saved = dict(shapes)
-    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path])
+    weights = _weights_choice(run_dir, meta, weights)
+    averaged = set(shapes) - set(meta.get("frozen", ())) if weights == "ema" else set()
+    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path], "ema" if path in averaged else "params")
     adapters = any(is_adapter(p) for p in shapes)
     if fmt == "peft" and not adapters:
         raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
@@ -120,6 +124,11 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt == "lerobot" and adapters and not merge:
         raise ConfigError(f"{run_dir} holds LoRA adapters, which LeRobot's π0 does not load: --format lerobot "
                           "--merge writes the model with them merged in")
+    trained_base = [p for p in shapes if not is_adapter(p) and p not in meta.get("frozen", shapes)]
+    if fmt == "peft" and trained_base:
+        raise ConfigError(f"{run_dir} trained {trained_base[0]} and {len(trained_base) - 1} more leaves beside its "
+                          "adapters (optim.lora.base=targets): PEFT adapters would lose them; use --format "
+                          "safetensors, or --format hf --merge")
     if fmt == "hf" and adapters and not merge:
         raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
                           "model with them merged in")
@@ -144,8 +153,19 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
         written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, blocks_of,
                                     meta["config"]["data"].get("tokenizer", ""))
     mgr.close()
-    return {"step": step, "format": fmt, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
+    return {"step": step, "format": fmt, "weights": weights, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
+
+
+def _weights_choice(run_dir: Path, meta: dict, weights: str | None) -> str:
+    """`--weights` as asked, or ema when the checkpoint holds an EMA (optim.ema > 0), else raw."""
+    if weights not in (None, *EXPORT_WEIGHTS):
+        raise ConfigError(f"--weights {weights!r} is not valid; choose one of {', '.join(EXPORT_WEIGHTS)}")
+    has_ema = bool(meta.get("ema", False))
+    if weights == "ema" and not has_ema:
+        raise ConfigError(f"{run_dir} holds no EMA of its weights (it trained with optim.ema=0); use --weights raw, "
+                          "or train with optim.ema=0.99")
+    return weights or ("ema" if has_ema else "raw")
 
 
 CONFIG_KEY, STEP_KEY = "zerojax.config", "zerojax.step"  # a safetensors export's metadata (`run_metadata`)

@@ -85,7 +85,7 @@ def prepare(cfg: Config) -> Setup:
                     "set precision.loss_scale=dynamic")
     start = resume_step(cfg)
     if start:  # checked now, not when the run gets there: its model and trained leaves, its metrics
-        checkpoint.check_matches(cfg.run_dir, start, step.plan)
+        checkpoint.check_matches(cfg.run_dir, start, step.plan, ema=bool(cfg.optim.ema))
         kept_metrics(cfg.run_dir / "metrics.jsonl", start)
     return Setup(cfg, step, source, start, init_files)
 

@@ -8,10 +8,9 @@ from zerojax.optim import lora as lora_lib
 from zerojax.config import Config, LoraConfig, ModelConfig
 from zerojax.models import registry
 from zerojax.optim import check_freeze
+from zerojax.optim.components import components_of
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
-
-
 
 
 def build_model(cfg: ModelConfig, policy: Policy, seed: int, lora: LoraConfig | None = None):
@@ -34,8 +33,8 @@ def param_plan(cfg: Config, model, stacked: tuple[str, ...], stage: int, data_si
     """The plan of `model`'s parameters under `stage` on `data_size` devices, frozen leaves
     (optim.freeze, a LoRA base) marked and stored in precision.frozen; the freeze checked."""
     abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    lora = bool(cfg.optim.lora.rank)
-    frozen = lora_lib.frozen_mask(abstract, cfg.optim.freeze, lora)
-    check_freeze(abstract, cfg.optim.freeze, frozen, lora=lora)
+    components = components_of(model)
+    frozen = lora_lib.frozen_mask(abstract, cfg.optim.freeze, cfg.optim.lora, components)
+    check_freeze(abstract, cfg.optim.freeze, frozen, lora=bool(cfg.optim.lora.rank), components=components)
     return plan_lib.make_plan(abstract, stage, data_size, cfg.zero.min_shard_size, stacked=stacked,
                                   frozen=frozen, frozen_dtype=cfg.precision.frozen)

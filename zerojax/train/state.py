@@ -28,6 +28,8 @@ class TrainState(NamedTuple):
     loss_scale: LossScaleState
     weights: Any = None  # zero.offload=optimizer+master: the trained leaves in the gather dtype, on the
     #                      device, in the master layout (what forward and backward read); else None
+    ema: Any = None  # optim.ema > 0: the moving average of the trained leaves' fp32 master, laid out as
+    #                  the master (sharded at stages 1-3, 4 bytes a trained parameter); else None
 
 
 def state_shardings(engine: Engine, abstract_state: TrainState):
@@ -35,9 +37,10 @@ def state_shardings(engine: Engine, abstract_state: TrainState):
     puts it (every optimizer-state copy of a parameter; the trained leaves' master)."""
     plan, offload = engine.plan, engine.offload  # frozen leaves: sharded at stage 3 only, never offloaded
     weights = plan.specs(plan.layout.master, plan.trained_leaves) if offload.master else None
+    ema = plan.specs(plan.layout.master, plan.trained_leaves) if abstract_state.ema is not None else None
     specs = TrainState(P(), plan.master_specs, plan_lib.state_specs(abstract_state.opt_state, plan,
                                                                          plan.layout.master),
-                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale), weights)
+                       P(), jax.tree.map(lambda _: P(), abstract_state.loss_scale), weights, ema)
     shardings = trees.named(engine.mesh, specs)
     if offload.moments:
         copies = plan_lib.map_like_params(abstract_state.opt_state, plan, lambda *_: True, lambda _: False)
@@ -65,8 +68,12 @@ def init_state(engine: Engine, *, abstract: bool = False, loaded: dict | None = 
             loaded = fresh if loaded is None else _fill(fresh, loaded)
         params = plan.cast(plan.pad(loaded))
         zero = jnp.zeros((), jnp.int32)
-        opt_state = engine.optimizer.init(trees.trained(params, plan.frozen))
-        return TrainState(zero, params, opt_state, zero, engine.scaler.init(), engine.weights_of(params))
+        trained = trees.trained(params, plan.frozen)
+        opt_state = engine.optimizer.init(trained)
+        # The EMA starts at the initial weights (openpi's), in its own buffers (a copy: the state
+        # is donated to the step, and one buffer cannot be two of its leaves).
+        ema = jax.tree.map(jnp.copy, trained) if engine.ema else None
+        return TrainState(zero, params, opt_state, zero, engine.scaler.init(), engine.weights_of(params), ema)
 
     shapes = jax.eval_shape(init, None)
     shardings = state_shardings(engine, shapes)

@@ -57,6 +57,7 @@ class Engine:
     unit_schedule: str  # zero.schedule: shard_map | gspmd (a key of SCHEDULES)
     options: StepOptions
     offload: offload_lib.Offload = offload_lib.Offload()
+    ema: float = 0.0  # optim.ema: the decay of the trained weights' moving average (0: none kept)
 
     def view(self, master):
         """The model over the compute view of the master weights (eval, sampling)."""
@@ -111,7 +112,7 @@ def make_engine(cfg: Config, mesh: Mesh) -> Engine:
                   lr_schedule=make_schedule(cfg.optim, cfg.train.steps), scaler=scaler,
                   unit_schedule=z.schedule, options=StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch,
                                                                 z.reshard_after_forward),
-                  offload=offload_lib.Offload(z.offload))
+                  offload=offload_lib.Offload(z.offload), ema=cfg.optim.ema)
 
 
 def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
@@ -139,7 +140,8 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
         new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                                params=trees.combine(trained, trees.frozen_part(state.params, frozen)),
                                opt_state=opt_state, skipped=jnp.where(finite, 0, state.skipped + 1),
-                               loss_scale=engine.scaler.update(state.loss_scale, finite), weights=weights)
+                               loss_scale=engine.scaler.update(state.loss_scale, finite), weights=weights,
+                               ema=update_ema(engine.ema, state.ema, trained, finite))
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": engine.lr_schedule(state.step), "skipped": ~finite,
                    "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
         return new_state, metrics
@@ -147,6 +149,16 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
     shardings = state_shardings(engine, abstract_state or init_state(engine, abstract=True))
     return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(engine.mesh)),
                    out_shardings=(shardings, mesh_lib.replicated(engine.mesh)), donate_argnums=0)
+
+
+def update_ema(decay: float, ema, trained, finite):
+    """openpi's EMA after an optimizer step: decay·ema + (1 - decay)·weights, leaf by leaf on
+    each device's shard of the fp32 master (elementwise: no collective); a skipped step leaves
+    it as it was. None (no EMA kept) stays None."""
+    if ema is None:
+        return None
+    average = lambda ema, new: jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, new)
+    return jax.lax.cond(finite, average, lambda ema, _: ema, ema, trained)
 
 
 def make_eval_step(engine: Engine):
