@@ -15,6 +15,10 @@ Reads tests/fixtures/hf/llama-gqa (written by make_hf_fixtures.py) and writes, c
                                                "tokens" int32 [2, 12], "logits" float32 [2, 12, 256]
                                                of the base with the adapter applied
 
+and with --mixed the same as llama-gqa-lora-mixed/ and llama-gqa-lora-mixed.logits.safetensors,
+with PEFT's per-module ranks and alphas (MIXED: rank_pattern q_proj 2, down_proj 8; alpha_pattern
+down_proj 4; r 4 and lora_alpha 8 for the rest).
+
 PEFT initialises lora_B to zeros, which would make the adapter a no-op and every naming or
 scaling mistake invisible; both matrices are redrawn at random (seeded) before saving.
 
@@ -49,15 +53,21 @@ def logits(model) -> torch.Tensor:
         return model(input_ids=TOKENS).logits.contiguous()
 
 
-def make() -> None:
+# --mixed: PEFT's per-module ranks and alphas (rank_pattern, alpha_pattern) in one adapter
+MIXED = {"rank_pattern": {"q_proj": 2, "down_proj": 8}, "alpha_pattern": {"down_proj": 4}}
+
+
+def make(mixed: bool = False) -> None:
     torch.manual_seed(0)
     base = LlamaForCausalLM.from_pretrained(str(BASE), torch_dtype=torch.float32, attn_implementation="eager")
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0,
+                                            **(MIXED if mixed else {})))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.normal_(0.0, 0.2)
-    out = FIXTURES / "llama-gqa-lora"
+    name = "llama-gqa-lora-mixed" if mixed else "llama-gqa-lora"
+    out = FIXTURES / name
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(str(out))
@@ -66,7 +76,7 @@ def make() -> None:
     config["base_model_name_or_path"] = "tests/fixtures/hf/llama-gqa"  # not this machine's absolute path
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     save_file({"tokens": TOKENS.to(torch.int32).contiguous(), "logits": logits(model)},
-              str(FIXTURES / "llama-gqa-lora.logits.safetensors"))
+              str(FIXTURES / f"{name}.logits.safetensors"))
     print(f"wrote {out}: {sorted(p.name for p in out.iterdir())}")
 
 
@@ -87,5 +97,6 @@ def check(adapter: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", type=Path, metavar="DIR", help="load a zerojax PEFT export into the base")
+    parser.add_argument("--mixed", action="store_true", help="write llama-gqa-lora-mixed (rank_pattern, alpha_pattern)")
     args = parser.parse_args()
-    check(args.check) if args.check else make()
+    check(args.check) if args.check else make(args.mixed)

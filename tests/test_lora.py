@@ -17,6 +17,7 @@ from zerojax.optim.lora import is_adapter
 from zerojax.parallel.trees import path_name
 from zerojax.analysis import measure
 from zerojax.interop import hf
+from zerojax.interop import peft
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 BASE = FIXTURES / "llama-gqa"
@@ -26,6 +27,10 @@ LORA = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "tra
         "optim.lora.alpha=8", "optim.lora.targets=*proj/kernel", "train.ckpt_every=0", "train.steps=3",
         "optim.lr=1e-2"]
 ONE_DEVICE = ["mesh.replica=1", "mesh.data=1", "zero.stage=0"]
+# PEFT's per-module ranks and alphas: the adapter scripts/make_peft_fixture.py --mixed wrote with
+# rank_pattern {q_proj: 2, down_proj: 8}, alpha_pattern {down_proj: 4}, and the same as our keys
+MIXED = FIXTURES / "llama-gqa-lora-mixed"
+PATTERNS = ["optim.lora.rank_pattern=*q_proj*:2,*down_proj*:8", "optim.lora.alpha_pattern=*down_proj*:4"]
 
 
 def leaves(tree):
@@ -42,6 +47,58 @@ def test_a_peft_adapter_gives_the_logits_peft_gives(tmp_path):
     np.testing.assert_allclose(logits, reference["logits"], atol=1e-4, rtol=0)
     base = load_file(FIXTURES / "llama-gqa.logits.safetensors")["logits"]  # the adapter changes them a lot
     assert np.abs(base - reference["logits"]).max() > 100 * np.abs(logits - reference["logits"]).max()
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """One step on one device from PEFT's mixed-rank adapter (fp32 base), checkpointed."""
+    out = tmp_path_factory.mktemp("mixed")
+    cfg = config.load(overrides=LORA + ONE_DEVICE + PATTERNS + ["precision.frozen=float32", f"optim.lora.init_from={MIXED}",
+                                                                "train.steps=1", "train.ckpt_every=1", f"train.out_dir={out}"])
+    setup = train.prepare(cfg)
+    start = setup.engine.view(train.start_state(setup, None, None, None).params)
+    return out, setup, start, train.run(cfg, show_progress=False, setup=setup)
+
+
+def test_rank_and_alpha_patterns_load_peft_s_mixed_adapter_and_give_its_logits(mixed_run):
+    _, _, model, _ = mixed_run
+    shapes = {p: tuple(x.shape) for p, x in leaves(nnx_params(model)).items() if is_adapter(p)}
+    assert shapes["layers/self_attn/q_proj/lora_a"][-1] == 2 and shapes["layers/mlp/down_proj/lora_b"][-2] == 8
+    assert shapes["layers/self_attn/k_proj/lora_a"][-1] == 4  # optim.lora.rank for the rest
+    reference = load_file(FIXTURES / "llama-gqa-lora-mixed.logits.safetensors")
+    logits = np.asarray(model.logits(reference["tokens"]))
+    np.testing.assert_allclose(logits, reference["logits"], atol=1e-4, rtol=0)
+
+
+def test_a_mixed_rank_export_is_peft_s_layout_and_merges_with_each_kernel_s_scale(mixed_run, tmp_path):
+    out, setup, _, result = mixed_run
+    peft_dir = tmp_path / "adapter"
+    assert cli.main(["export", str(out), "--format", "peft", "--out", str(peft_dir)]) == 0
+    ours, theirs = load_file(peft_dir / "adapter_model.safetensors"), load_file(MIXED / "adapter_model.safetensors")
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    written, peft_cfg = (json.loads((d / "adapter_config.json").read_text()) for d in (peft_dir, MIXED))
+    modules = {k.removeprefix("base_model.model.").removesuffix(".lora_A.weight") for k in ours if ".lora_A." in k}
+    for module in modules:  # PEFT's own rule resolves each module to what PEFT's adapter gives it
+        got = [peft.pattern_value(written[key], module, written[default]) for key, default in PEFT_KEYS]
+        want = [peft.pattern_value(peft_cfg[key], module, peft_cfg[default]) for key, default in PEFT_KEYS]
+        assert got == want, module
+    assert written["rank_pattern"]["model.layers.1.self_attn.q_proj"] == 2
+    assert "model.layers.0.self_attn.k_proj" not in written["rank_pattern"]  # r for the rest
+    merged = tmp_path / "merged"
+    assert cli.main(["export", str(out), "--format", "hf", "--merge", "--out", str(merged)]) == 0
+    tokens = load_file(FIXTURES / "llama-gqa.logits.safetensors")["tokens"]
+    _, reloaded = hf.load(str(merged))
+    np.testing.assert_allclose(reloaded.logits(tokens), setup.engine.view(result.state.params).logits(tokens),
+                               atol=2e-4, rtol=0)
+
+
+PEFT_KEYS = (("rank_pattern", "r"), ("alpha_pattern", "lora_alpha"))
+
+
+def nnx_params(model):
+    from flax import nnx
+
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +238,14 @@ def test_freezing_alone_stores_frozen_leaves_in_bf16_without_a_master():
     (["optim.freeze=*lora*"], "together with LoRA (which trains only the adapters) freezes every parameter"),
     ([f"optim.lora.init_from={ADAPTER}", "optim.lora.rank=2"], "its r=4 differs from optim.lora.rank=2"),
     ([f"optim.lora.init_from={BASE}"], "not a PEFT adapter directory"),
+    ([f"optim.lora.init_from={MIXED}", PATTERNS[0]],
+     "it gives model.layers.0.mlp.down_proj r=8, lora_alpha=4 (its r, lora_alpha, rank_pattern and alpha_pattern), "
+     "the run's optim.lora rank 8, alpha 8"),
+    (["optim.lora.rank_pattern=*wq*:2"], "optim.lora.rank_pattern entry '*wq*' names none of the kernels"),
+    (["optim.lora.rank_pattern=*q_proj*:0"], "optim.lora.rank_pattern['*q_proj*']=0 is not valid; it must be >= 1"),
+    (["optim.lora.rank_pattern=*q_proj*"], "optim.lora.rank_pattern expects a mapping NAME: VALUE, each VALUE an integer"),
+    (["optim.lora.rank_pattern=*k_proj*:17"], "optim.lora.rank_pattern's rank 17 is larger than layers/self_attn/k_proj"),
+    (["optim.lora.rank_pattern=*proj*:2,*q_proj*:3"], "layers/self_attn/q_proj/kernel is named by '*proj*' (2) and by"),
 ])
 def test_bad_lora_input_exits_2_before_anything_is_written(extra, message, tmp_path, capsys):
     out = tmp_path / "run"

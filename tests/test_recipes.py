@@ -10,12 +10,14 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file
 
 import test_paligemma
 import test_pi0
 from conftest import ROOT, run
 from zerojax import cli, config, data, train
+from zerojax.analysis import measure
 from zerojax.errors import ConfigError
 from zerojax.models import pi0
 from zerojax.optim.lora import is_adapter
@@ -64,6 +66,68 @@ LLM = ("embed_tokens", "norm", "layers/vlm", "layers/expert", "expert_norm")
 def test_each_pi0_recipe_freezes_what_it_says(recipe, frozen_of):
     frozen, trained = frozen_and_trained(test_pi0.TINY + recipe)
     assert frozen == frozen_of(frozen | trained) and frozen and trained
+
+
+# openpi's low-memory recipe as it is written there: gemma_2b_lora (rank 16, alpha 16) on the VLM's
+# Gemma, gemma_300m_lora (rank 32, alpha 32) on the expert; here 4 and 8 on the tiny model.
+TWO_RANKS = ["optim.lora.rank=4", "optim.lora.alpha=4", "optim.lora.targets=language,expert", "optim.lora.base=targets",
+             "optim.lora.rank_pattern=expert:8", "optim.lora.alpha_pattern=expert:8"]
+OPENPI = ["optim.lora.rank=16", "optim.lora.alpha=16", "optim.lora.targets=language,expert", "optim.lora.base=targets",
+          "optim.lora.rank_pattern=expert:32", "optim.lora.alpha_pattern=expert:32"]
+
+
+def test_two_ranks_give_each_component_its_adapters_and_the_hand_counted_trainables():
+    cfg = config.load(overrides=test_pi0.TINY + TWO_RANKS)
+    model = model_lib.abstract_model(cfg.model, Policy(), lora=cfg.optim.lora)
+    shapes = {p: x.shape for p, x in leaves_of(model).items()}
+    adapters = {p: s for p, s in shapes.items() if is_adapter(p)}
+    kernels = {p.removesuffix("/kernel") for p in shapes if p.startswith(("layers/vlm/", "layers/expert/"))
+               and p.endswith("kernel")}
+    assert {p.rsplit("/", 1)[0] for p in adapters} == kernels  # every Gemma projection of both, nothing else
+    for p, shape in adapters.items():  # A [L, in, r], B [L, r, out]
+        rank = 4 if p.startswith("layers/vlm/") else 8
+        assert shape[-1 if p.endswith("lora_a") else -2] == rank, (p, shape)
+    assert {layer.lora_scale for _, layer in nnx.iter_graph(model) if hasattr(layer, "lora_scale")} == {1.0}  # alpha / r
+    # By hand, r·(in + out) per projection, 2 layers: the VLM (width 32, 2 heads of 8, 1 kv head,
+    # MLP 64) at rank 4, the expert (width 16, MLP 48) at rank 8.
+    vlm = (32 + 16) + (32 + 8) + (32 + 8) + (16 + 32) + 3 * (32 + 64)
+    expert = (16 + 16) + (16 + 8) + (16 + 8) + (16 + 16) + 3 * (16 + 48)
+    _, trained = measure.param_counts(cfg)
+    _, rest = measure.param_counts(config.load(overrides=test_pi0.TINY + ["optim.freeze=language,expert"]))
+    assert trained - rest == 2 * (4 * vlm + 8 * expert) == 8576
+
+
+def test_memory_counts_openpi_s_two_ranks_on_the_full_size_pi0(capsys):
+    def trainable(*overrides):
+        assert cli.main(["memory", "--config", str(ROOT / "configs" / "pi0.yaml"), "--devices", "8", "--json",
+                         *overrides]) == 0
+        return json.loads(capsys.readouterr().out)["trainable"]
+
+    # By hand from Gemma 2B (width 2048, 8 heads and 1 kv head of 256, MLP 16384) at rank 16 and
+    # gemma_300m (width 1024, the same heads, MLP 4096) at rank 32, 18 layers each.
+    vlm = (2048 + 2048) + 2 * (2048 + 256) + (2048 + 2048) + 3 * (2048 + 16384)
+    expert = (1024 + 2048) + 2 * (1024 + 256) + (2048 + 1024) + 3 * (1024 + 4096)
+    assert trainable(*OPENPI) - trainable("optim.freeze=language,expert") == 18 * (16 * vlm + 32 * expert) == 33_472_512
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lora.rank_pattern=experts:8"], "optim.lora.rank_pattern entry 'experts' names none of the kernels"),
+    (["optim.lora.rank_pattern=expert:0"], "optim.lora.rank_pattern['expert']=0 is not valid; it must be >= 1"),
+    (["optim.lora.alpha_pattern=expert:-1"], "optim.lora.alpha_pattern['expert']=-1.0 is not valid"),
+    (["optim.lora.rank=0"], "optim.lora.rank_pattern is set but optim.lora.rank=0 (LoRA off)"),
+    (["optim.lora.rank_pattern=expert:9"], "optim.lora.rank_pattern's rank 9 is larger than layers/expert/k_proj"),
+    (["optim.lora.rank_pattern=expert=8"], "optim.lora.rank_pattern expects a mapping NAME: VALUE"),
+], ids=["unknown component", "rank 0", "alpha < 0", "LoRA off", "rank too large", "not a mapping"])
+def test_bad_rank_patterns_exit_2_before_anything_is_written(overrides, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--no-progress", *PI0, *TWO_RANKS, *overrides, f"train.out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def leaves_of(model):
+    return {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def test_lora_targets_name_the_adapted_kernels_and_base_all_freezes_the_rest():
@@ -207,15 +271,14 @@ def test_export_writes_the_ema_by_default_or_the_raw_weights(resumed, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# openpi's low-memory recipe on 8 devices at stage 3, with a checkpoint but no EMA.
+# openpi's low-memory recipe (its two ranks) on 8 devices at stage 3, with a checkpoint but no EMA.
 
 
 @pytest.fixture(scope="module")
 def low_memory(tmp_path_factory):
     out = tmp_path_factory.mktemp("lowmem")
-    cfg = config.load(overrides=PI0 + ["optim.lora.rank=4", "optim.lora.targets=language,expert",
-                                       "optim.lora.base=targets", "zero.stage=3", "zero.schedule=shard_map",
-                                       "train.ckpt_every=3", f"train.out_dir={out}"])
+    cfg = config.load(overrides=PI0 + TWO_RANKS + ["zero.stage=3", "zero.schedule=shard_map", "train.ckpt_every=3",
+                                                   f"train.out_dir={out}"])
     setup = train.prepare(cfg)
     start = leaves(train.start_state(setup, None, None, None).params, setup.engine.plan)
     result = train.run(cfg, show_progress=False, setup=setup)
@@ -234,6 +297,21 @@ def test_the_low_memory_recipe_trains_the_adapters_tower_and_projections_only(lo
               "multi_modal_projector/kernel", "action_out_proj/kernel"):
         assert np.abs(end[p] - start[p]).max() > 0, p  # trained beside the adapters
     assert moments_of(result.state.opt_state, end) == set(end) - frozen and result.state.ema is None
+
+
+@pytest.mark.slow
+def test_the_two_rank_recipe_on_8_devices_equals_one_device(low_memory, tmp_path):
+    one, _ = run(PI0 + TWO_RANKS + ONE_DEVICE + [f"train.out_dir={tmp_path}"])
+    eight = [line["loss"] for line in low_memory[3].history]
+    np.testing.assert_allclose(eight, one, rtol=1e-5)
+    assert len(one) == 3 and len(set(one)) == 3  # three steps that move the loss
+
+
+def test_resuming_with_other_ranks_exits_2(low_memory):
+    cfg = config.load(low_memory[0] / "config.yaml", overrides=["optim.lora.rank_pattern=expert:4", "train.steps=4"])
+    with pytest.raises(ConfigError, match=r"holds a different model.*\(LoRA rank 8 there, 4 in the config: "
+                                          r"optim.lora.rank and optim.lora.rank_pattern\)"):
+        train.prepare(cfg)
 
 
 def test_exports_a_run_without_ema_or_with_a_trained_base_refuses_exit_2(low_memory, tmp_path, capsys):

@@ -11,7 +11,7 @@ import yaml
 from zerojax.config.hf_config import hf_model_keys
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
-from zerojax.config.values import _field_type, coerce
+from zerojax.config.values import _field_type, _is_mapping, coerce
 from zerojax.errors import ConfigError
 
 
@@ -183,15 +183,19 @@ def _agree(key: str, given: Any, value: Any, directory: str) -> None:
 
 
 def to_dict(cfg: Config) -> dict:
-    def plain(v):
-        return list(v) if isinstance(v, tuple) else v
-
-    def walk(d: dict) -> dict:
-        return {k: walk(v) if isinstance(v, dict) else plain(v) for k, v in d.items()}
+    """The config as plain YAML/JSON values: lists for tuples, mappings for the pairs of a
+    mapping key (optim.lora.rank_pattern)."""
+    def walk(obj) -> dict:
+        out = {}
+        for f in dataclasses.fields(obj):
+            v, typ = getattr(obj, f.name), _field_type(type(obj), f.name)
+            out[f.name] = walk(v) if dataclasses.is_dataclass(v) else dict(v) if _is_mapping(typ) else \
+                list(v) if isinstance(v, tuple) else v
+        return out
 
     out = {"name": cfg.name}
     for section in SECTIONS:
-        out[section] = walk(dataclasses.asdict(getattr(cfg, section)))
+        out[section] = walk(getattr(cfg, section))
     return out
 
 

@@ -298,6 +298,8 @@ class LoraConfig:
     targets: tuple[str, ...] = ("*attn*kernel", "*mlp*kernel")  # glob patterns over the kernels of nnx.Linear layers, or components the model names (decoder, language, expert)
     base: str = "all"  # what LoRA freezes: all (every leaf but the adapters, PEFT's way) | targets (only what the targets adapt, openpi's way; the rest trains)
     init_from: str = ""  # adapters to continue from: a PEFT directory (`zerojax export --format peft`)
+    rank_pattern: tuple[tuple[str, int], ...] = ()  # PEFT's rank_pattern: {target (a glob or component): rank}; optim.lora.rank for the rest
+    alpha_pattern: tuple[tuple[str, float], ...] = ()  # PEFT's alpha_pattern: {target: alpha}; optim.lora.alpha for the rest
 
     def __post_init__(self):
         _at_least("optim.lora.rank", self.rank, 0)
@@ -305,6 +307,17 @@ class LoraConfig:
         _finite("optim.lora.alpha", self.alpha, 0, above=True)
         if self.rank and not self.targets:
             raise ConfigError("optim.lora.targets is empty; give glob patterns over kernel paths, e.g. *attn*kernel")
+        for key in ("rank_pattern", "alpha_pattern"):  # a mapping from Python or a saved config: kept as pairs
+            value = getattr(self, key)
+            object.__setattr__(self, key, tuple(value.items()) if isinstance(value, dict) else tuple(map(tuple, value)))
+        for target, rank in self.rank_pattern:
+            _at_least(f"optim.lora.rank_pattern[{target!r}]", rank, 1)
+        for target, alpha in self.alpha_pattern:
+            _finite(f"optim.lora.alpha_pattern[{target!r}]", alpha, 0, above=True)
+        if (self.rank_pattern or self.alpha_pattern) and not self.rank:
+            key = "rank_pattern" if self.rank_pattern else "alpha_pattern"
+            raise ConfigError(f"optim.lora.{key} is set but optim.lora.rank=0 (LoRA off); set optim.lora.rank >= 1, "
+                              "the rank of the targets the patterns do not name")
 
 
 @dataclass(frozen=True, kw_only=True)

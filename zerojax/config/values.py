@@ -51,6 +51,8 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
         if isinstance(value, (dict, list)):
             raise bad
         return "" if value is None else str(value)
+    if _is_mapping(typ):  # a YAML mapping, or NAME:VALUE,NAME:VALUE on the command line: kept as pairs
+        return _pairs(key, value, typing.get_args(typ)[0].__args__[1], bad)
     if typing.get_origin(typ) is tuple:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -60,11 +62,33 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
     raise TypeError(f"no parser for {key}: {typ}")
 
 
+def _is_mapping(typ: Any) -> bool:
+    """tuple[tuple[str, X], ...]: a mapping from names to X (optim.lora.rank_pattern)."""
+    args = typing.get_args(typ)
+    return typing.get_origin(typ) is tuple and len(args) == 2 and args[1] is Ellipsis and typing.get_origin(args[0]) is tuple
+
+
+def _pairs(key: str, value: Any, typ: type, bad: ConfigError) -> tuple:
+    if isinstance(value, str):
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if not all(":" in item for item in items):
+            raise bad
+        value = dict(item.rsplit(":", 1) for item in items)
+    if value is None or value == []:
+        value = {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.strip() for k in value):
+        raise bad
+    return tuple((k.strip(), coerce(f"{key}[{k.strip()!r}]", v, typ)) for k, v in value.items())
+
+
 def _type_name(typ: Any) -> str:
     if isinstance(typ, types.UnionType) and type(None) in typ.__args__:
         return _type_name(next(t for t in typ.__args__ if t is not type(None))) + " (or null: the default)"
     if isinstance(typ, types.UnionType):
         return "a number or one of its named values"
+    if _is_mapping(typ):
+        value = _type_name(typing.get_args(typ)[0].__args__[1])
+        return f"a mapping NAME: VALUE, each VALUE {value} (in YAML, or NAME:VALUE,NAME:VALUE, e.g. expert:32)"
     if typing.get_origin(typ) is tuple:
         return "a list of strings"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[typ]

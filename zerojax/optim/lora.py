@@ -6,7 +6,9 @@ defines them (Hu et al. 2021):
 
     y = x·W + (alpha / rank) · (x·A)·B        A [in, r] ~ U(±1/sqrt(in)),  B [r, out] = 0
 
-so a new adapter leaves the model's output unchanged. A and B live at `<layer>/lora_a` and
+so a new adapter leaves the model's output unchanged. Each kernel's rank and alpha are
+optim.lora.rank and alpha, or what `rank_pattern` / `alpha_pattern` give the entry naming it
+(PEFT's keys of those names; openpi's low-memory recipe: 16 on `language`, 32 on `expert`). A and B live at `<layer>/lora_a` and
 `<layer>/lora_b`; on a stacked layer they carry the stack's layer axis like the kernel, so they
 travel with its unit. The base is frozen (no master, no optimizer state, no gradient): all of it
 (`optim.lora.base=all`, PEFT's way), or only what the targets adapt (`targets`, openpi's way:
@@ -87,24 +89,51 @@ def targets_of(model, cfg: LoraConfig) -> list[tuple[str, nnx.Module]]:
     return found
 
 
+def settings(model, cfg: LoraConfig) -> dict[str, tuple[int, float]]:
+    """(rank, alpha) of every targeted kernel, as PEFT's rank_pattern and alpha_pattern give
+    them: the value of the pattern entry that names the kernel (a glob over kernel paths, or a
+    component: every kernel under it), optim.lora.rank / alpha where none does. An entry that
+    names no targeted kernel, and a kernel two entries give different values, are bad input."""
+    components, found = components_of(model), [kernel for kernel, _ in targets_of(model, cfg)]
+    out = {kernel: [cfg.rank, cfg.alpha] for kernel in found}
+    for key, slot in (("rank_pattern", 0), ("alpha_pattern", 1)):
+        given: dict[str, str] = {}
+        for entry, value in getattr(cfg, key):
+            hits = [k for k in found if any(fnmatch.fnmatchcase(k, g) for g in kernel_globs(entry, components))]
+            if not hits:
+                raise ConfigError(f"optim.lora.{key} entry {entry!r} names none of the kernels optim.lora.targets "
+                                  f"adapts ({', '.join(found[:3])}, ...); give a glob over them"
+                                  f"{names_hint(components)}")
+            for kernel in hits:
+                if kernel in given and out[kernel][slot] != value:
+                    raise ConfigError(f"optim.lora.{key}: {kernel} is named by {given[kernel]!r} "
+                                      f"({out[kernel][slot]}) and by {entry!r} ({value}); make the entries disjoint")
+                given[kernel], out[kernel][slot] = entry, value
+    return {kernel: (int(rank), float(alpha)) for kernel, (rank, alpha) in out.items()}
+
+
 def attach(model, cfg: LoraConfig, stacked: tuple[str, ...], rngs: nnx.Rngs):
-    """Give every targeted layer of `model` an adapter of rank `cfg.rank` (in place)."""
+    """Give every targeted layer of `model` an adapter of its rank and alpha (`settings`), in
+    place."""
     if cfg.rank <= 0:
         raise ConfigError(f"optim.lora.rank={cfg.rank} is not valid; it must be >= 1")
+    ranks = settings(model, cfg)
     for kernel, layer in targets_of(model, cfg):
         shape = tuple(layer.kernel[...].shape)
         lead, (d_in, d_out) = shape[:-2], shape[-2:]
+        rank, alpha = ranks[kernel]
+        key = f"optim.lora.rank={rank}" if rank == cfg.rank else f"optim.lora.rank_pattern's rank {rank}"
         if len(shape) != 2 + (kernel.split("/")[0] in stacked):
             raise ConfigError(f"optim.lora.targets: {kernel} has shape {list(shape)}, not a [in, out] kernel")
-        if cfg.rank > min(d_in, d_out):
-            raise ConfigError(f"optim.lora.rank={cfg.rank} is larger than {kernel}'s smaller dim "
+        if rank > min(d_in, d_out):
+            raise ConfigError(f"{key} is larger than {kernel}'s smaller dim "
                               f"({min(d_in, d_out)} of {list(shape)}); choose rank <= {min(d_in, d_out)}")
         bound = 1 / math.sqrt(d_in)  # PEFT: kaiming_uniform_(a=sqrt(5)) on lora_A [r, in]
         param_dtype = layer.kernel[...].dtype
         layer.__class__ = _with_adapter(type(layer))
-        layer.lora_scale = cfg.alpha / cfg.rank
-        layer.lora_a = nnx.Param(jax.random.uniform(rngs.lora(), lead + (d_in, cfg.rank), param_dtype, -bound, bound))
-        layer.lora_b = nnx.Param(jnp.zeros(lead + (cfg.rank, d_out), param_dtype))
+        layer.lora_scale = alpha / rank
+        layer.lora_a = nnx.Param(jax.random.uniform(rngs.lora(), lead + (d_in, rank), param_dtype, -bound, bound))
+        layer.lora_b = nnx.Param(jnp.zeros(lead + (rank, d_out), param_dtype))
     return model
 
 

@@ -135,6 +135,10 @@ def _check_meta(meta: dict, plan: plan_lib.Plan, where: Path, ema: bool) -> None
         if saved.get(path) != want.get(path):
             there = f"{path} is {saved[path]} there" if path in saved else f"it has no {path}"
             here = f"{want[path]} in the config's model" if path in want else "not in the config's model"
+            if is_adapter(path) and path in saved and path in want:  # lora_a [.., in, r], lora_b [.., r, out]
+                axis = -1 if path.endswith("lora_a") else -2
+                here += (f" (LoRA rank {saved[path][axis]} there, {want[path][axis]} in the config: optim.lora.rank "
+                         "and optim.lora.rank_pattern)")
             raise ConfigError(f"checkpoint {where} holds a different model than the config asks for: {there}, "
                               f"{here}; {fix}")
     optim = meta.get("config", {}).get("optim", {})

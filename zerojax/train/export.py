@@ -133,11 +133,12 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
         raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
                           "model with them merged in")
     if merge:
-        blocks_of = _merged(blocks_of, shapes, meta["config"]["optim"]["lora"])
+        blocks_of = _merged(blocks_of, shapes, _lora_settings(meta["config"]))
         shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
     if fmt == "peft":
         stacked = _stacked(meta["config"]["model"])
-        written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype)
+        written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype,
+                                        settings=_lora_settings(meta["config"]))
     elif fmt == "lerobot":
         written, count = lerobot.save(out, Path(run_dir), meta["config"]["model"], shapes,
                                       _stacked(meta["config"]["model"]), blocks_of, dtype=dtype)
@@ -229,8 +230,7 @@ def exported_model(saved: dict, weights, where: str):
 
 def _build_saved(saved: dict):
     """A saved config's model (its LoRA adapters too), on one device, fp32, initialised."""
-    lora = {**saved["optim"]["lora"], "targets": tuple(saved["optim"]["lora"]["targets"])}
-    return model_lib.build_model(ModelConfig(**{**saved["model"], "init_from": ""}), Policy(), 0, LoraConfig(**lora))
+    return model_lib.build_model(ModelConfig(**{**saved["model"], "init_from": ""}), Policy(), 0, _saved_lora(saved))
 
 
 def saved_config(run_dir: Path, step: int | None = None) -> tuple[dict, int]:
@@ -279,16 +279,28 @@ def _whole(blocks) -> np.ndarray:
     return out
 
 
-def _merged(blocks_of, shapes: dict, lora: dict):
-    """`blocks_of` with every adapted kernel's blocks W + (alpha / rank)·A·B (in fp32): the
-    adapters of a kernel are read whole (they are small), its blocks one at a time."""
-    scale = lora["alpha"] / lora["rank"]
+def _lora_settings(saved: dict) -> dict:
+    """(rank, alpha) of each kernel a saved run's LoRA adapts (its rank_pattern, alpha_pattern)."""
+    return model_lib.lora_settings(ModelConfig(**{**saved["model"], "init_from": ""}), _saved_lora(saved))
+
+
+def _saved_lora(saved: dict) -> LoraConfig:
+    """A saved config's optim.lora (one saved before rank_pattern existed: a single rank)."""
+    return LoraConfig(**{**saved["optim"]["lora"], "targets": tuple(saved["optim"]["lora"]["targets"])})
+
+
+def _merged(blocks_of, shapes: dict, settings: dict):
+    """`blocks_of` with every adapted kernel's blocks W + (alpha / rank)·A·B (in fp32), each
+    kernel's own rank and alpha (`settings`): the adapters of a kernel are read whole (they are
+    small), its blocks one at a time."""
 
     def merged(path):
         layer = path.removesuffix("/kernel")
         if not path.endswith("/kernel") or f"{layer}/lora_a" not in shapes:
             yield from blocks_of(path)
             return
+        rank, alpha = settings[path]
+        scale = alpha / rank
         a, b = _whole(blocks_of(f"{layer}/lora_a")), _whole(blocks_of(f"{layer}/lora_b"))
         for index, block in blocks_of(path):
             lead, (rows, cols) = index[:-2], index[-2:]

@@ -30,6 +30,7 @@ from zerojax.interop import peft
 from zerojax.models import protocol
 from zerojax.parallel import trees
 from zerojax.train import checkpoint
+from zerojax.train import model as model_lib
 from zerojax.train import sinks as sinks_lib
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
@@ -79,7 +80,7 @@ def prepare(cfg: Config) -> Setup:
     lora = cfg.optim.lora
     if lora.init_from:
         peft.init_adapters(lora.init_from, step.plan, None, cfg.model.family, step.units.names,
-                         dataclasses.asdict(lora), build=False)
+                           dataclasses.asdict(lora), model_lib.lora_settings(cfg.model, lora), build=False)
     if step.policy.compute == jnp.float16 and step.scaler.mode == "none":
         log.warning("float16 compute without loss scaling: small gradients underflow to zero; "
                     "set precision.loss_scale=dynamic")
@@ -150,7 +151,8 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
         loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
     if cfg.optim.lora.init_from:  # adapters to continue from (the rest: init_from's, or initialised)
         adapters = peft.init_adapters(cfg.optim.lora.init_from, step.plan, step.mesh, cfg.model.family,
-                                    step.units.names, dataclasses.asdict(cfg.optim.lora))
+                                      step.units.names, dataclasses.asdict(cfg.optim.lora),
+                                      model_lib.lora_settings(cfg.model, cfg.optim.lora))
         loaded = trees.combine(loaded or {}, adapters)
     return state_lib.init_state(step, loaded=loaded)
 

@@ -29,6 +29,13 @@ def abstract_model(cfg: ModelConfig, policy: Policy, seed: int = 0, lora: LoraCo
     return nnx.eval_shape(lambda: build_model(cfg, policy, seed, lora))
 
 
+def lora_settings(cfg: ModelConfig, lora: LoraConfig, seed: int = 0) -> dict[str, tuple[int, float]]:
+    """(rank, alpha) of each kernel `lora` adapts (`optim.lora.settings`; {} with LoRA off)."""
+    if not lora.rank:
+        return {}
+    return lora_lib.settings(abstract_model(cfg, Policy(), seed), lora)
+
+
 def param_plan(cfg: Config, model, stacked: tuple[str, ...], stage: int, data_size: int) -> plan_lib.Plan:
     """The plan of `model`'s parameters under `stage` on `data_size` devices, frozen leaves
     (optim.freeze, a LoRA base) marked and stored in precision.frozen; the freeze checked."""
