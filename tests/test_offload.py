@@ -44,8 +44,8 @@ def four_steps(overrides):
             state, metrics = step(poisoned, batch)
             assert bool(metrics["skipped"]) and int(state.step) == 1
             after = jax.device_get(state)  # bit-identical: master, moments, Adam's count, the weights
-            jax.tree.map(np.testing.assert_array_equal, (after.params, after.opt_state, after.weights),
-                         (before.params, before.opt_state, before.weights))
+            jax.tree.map(np.testing.assert_array_equal, (after.params, after.opt_state, after.weights, after.ema),
+                         (before.params, before.opt_state, before.weights, before.ema))
             state = state._replace(loss_scale=before.loss_scale)
             continue
         state, metrics = step(state, batch)
@@ -84,6 +84,50 @@ def test_offloaded_runs_match_the_device_run(stage, extra, tmp_path):
             assert {kind(w) for w in jax.tree.leaves(state.weights)} == {"device"}
         else:
             assert state.weights is None
+
+
+# optim.ema with the master on the host: the EMA lives there too, streamed with it unit by unit.
+EMA_RUN = TINY + SMALL + ["model.n_layers=3", "zero.stage=3", "optim.ema=0.9", "optim.warmup_steps=0",
+                          "optim.schedule=constant"]
+
+
+def test_the_ema_lives_with_the_master_on_the_host_and_equals_the_device_run(tmp_path):
+    _, ref, _ = four_steps(EMA_RUN + ["zero.offload=none", f"train.out_dir={tmp_path}"])
+    losses, host, engine = four_steps(EMA_RUN + ["zero.offload=optimizer+master", f"train.out_dir={tmp_path}"])
+    assert {kind(x) for x in jax.tree.leaves(host.ema)} == {HOST}  # where its master is
+    assert {kind(x) for x in jax.tree.leaves(ref.ema)} == {"device"}
+    for a, b, m in zip(jax.tree.leaves(host.ema), jax.tree.leaves(ref.ema), jax.tree.leaves(host.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    moved = [not np.array_equal(a, m) for a, m in zip(jax.tree.leaves(host.ema), jax.tree.leaves(host.params))]
+    assert sum(moved) > len(moved) // 2  # an average, not the master (a few norms' scales barely move)
+    # The host holds the master, m, v and the EMA (4 fp32 copies); the device the weights only.
+    _, compiled = measure.compile_step(config.load(overrides=EMA_RUN + ["zero.offload=optimizer+master"]))
+    memory = measure.measure_memory(compiled)
+    assert memory["host_argument_bytes"] == pytest.approx(offloaded_bytes(engine, 4), rel=0.02)
+    assert memory["host_output_bytes"] == memory["host_argument_bytes"]  # updated in place, on the host
+
+
+def test_an_offloaded_ema_resumes_bit_for_bit(tmp_path):
+    common = EMA_RUN + ["zero.offload=optimizer+master", "train.global_batch=32"]
+    whole = train.run(config.load(overrides=common + [f"train.out_dir={tmp_path / 'whole'}"]), show_progress=False)
+    out = tmp_path / "resumed"
+    run_to = lambda steps: train.run(config.load(overrides=common + [f"train.steps={steps}", f"train.ckpt_every={steps}",
+                                                                     f"train.out_dir={out}"]), show_progress=False)
+    run_to(3)
+    resumed = run_to(5)
+    assert resumed.resumed_from == 3 and {kind(x) for x in jax.tree.leaves(resumed.state.ema)} == {HOST}
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.ema), jax.device_get(whole.state.ema))
+
+
+def test_memory_puts_the_ema_on_the_host_with_the_master():
+    # 7.5B on 64 devices, stage 3: optimizer+master moves 12·Ψ/N, with optim.ema 4·Ψ/N more (the
+    # EMA lives where the master does); the device keeps its 4·Ψ/N of weights and gradients.
+    plain, ema = (formulas.memory_report(7.5e9, 64, offload="optimizer+master", ema=e) for e in (False, True))
+    assert ema["stages"]["3"] == plain["stages"]["3"] == 0.46875e9
+    assert ema["host_stages"]["3"] == 1.40625e9 + 4 * 7.5e9 / 64 == 1.875e9
+    # with the master on the device, so is the EMA
+    device = formulas.memory_report(7.5e9, 64, offload="optimizer", ema=True)
+    assert device["stages"]["3"] == 0.9375e9 + 4 * 7.5e9 / 64 and device["host_stages"]["3"] == 0.9375e9
 
 
 def unit_offloaded_bytes(step, per_param: int) -> int:

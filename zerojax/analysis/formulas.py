@@ -39,10 +39,12 @@ def model_state_bytes(stage: int, params: float, devices: int, k: float = 12, tr
     return states + frozen_bytes * frozen / (n if stage == 3 else 1) + EMA_BYTES * ema * psi / (n if stage else 1)
 
 
-def host_state_bytes(stage: int, trained: float, devices: int, k: float = 12, offload: str = "none") -> float:
+def host_state_bytes(stage: int, trained: float, devices: int, k: float = 12, offload: str = "none",
+                     ema: bool = False) -> float:
     """Per-device bytes `zero.offload` moves to host memory: Adam's m and v (K - 4 bytes per
-    trained parameter: the fp32 master stays) or all K (the master too), sharded at stages 1-3."""
-    moved = {"none": 0, "optimizer": max(k - 4, 0), "optimizer+master": k}[offload]
+    trained parameter: the fp32 master stays) or all K (the master too, and with `ema` the EMA's
+    4 bytes, which live where the master does), sharded at stages 1-3."""
+    moved = {"none": 0, "optimizer": max(k - 4, 0), "optimizer+master": k + EMA_BYTES * ema}[offload]
     return moved * trained / (devices if stage else 1)
 
 
@@ -52,7 +54,7 @@ def memory_report(params: float, devices: int, k: float = 12, trained: float | N
     holds (the EMA's 4 bytes per trained parameter included with `ema`); with `offload`,
     `host_stages` what its host holds for it."""
     psi_t = params if trained is None else trained
-    host = {str(s): host_state_bytes(s, psi_t, devices, k, offload) for s in STAGES}
+    host = {str(s): host_state_bytes(s, psi_t, devices, k, offload, ema) for s in STAGES}
     doc = {"params": params, "devices": devices, "k": k,
            "stages": {str(s): model_state_bytes(s, params, devices, k, trained, frozen_bytes, ema) - host[str(s)]
                       for s in STAGES}}

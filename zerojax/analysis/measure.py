@@ -122,8 +122,8 @@ def stage_report(cfg, engine, compiled, params: int) -> dict:
         "formula_bytes": model_state_bytes(stage, params, n, trained=trained, frozen_bytes=b_f, ema=ema),
         "unsharded_bytes": engine.plan.unsharded_bytes() if stage else 0,
         **frozen,
-        # zero.offload: what the formula moves to the host (12·Ψ_t or 8·Ψ_t, /N at stages 1-3)
-        **({"offload": z.offload, "host_formula_bytes": host_state_bytes(stage, trained, n, 12, z.offload)}
+        # zero.offload: what the formula moves to the host (12·Ψ_t (+ the EMA's 4·Ψ_t) or 8·Ψ_t, /N at stages 1-3)
+        **({"offload": z.offload, "host_formula_bytes": host_state_bytes(stage, trained, n, 12, z.offload, ema)}
            if z.offload != "none" else {}),
         "schedule": z.schedule, "remat": cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),

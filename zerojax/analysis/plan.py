@@ -108,7 +108,7 @@ def formula_estimate(cfg, cand: Candidate, counts: tuple, flops_per_token: float
     n, b_f = target.devices, 2 if cfg.precision.frozen != "float32" else 4
     b_g = 1 + 4 / cfg.zero.quant_block if cand.gather in rules.QUANTIZED_GATHERS else 2
     b_r = 4 if cfg.precision.reduce == "float32" else 2
-    host = host_state_bytes(cand.stage, trained, n, 12, cand.offload)
+    host = host_state_bytes(cand.stage, trained, n, 12, cand.offload, cfg.optim.ema > 0)
     states = model_state_bytes(cand.stage, params, n, trained=trained, frozen_bytes=b_f, ema=cfg.optim.ema > 0) - host
     flops = flops_per_token * cfg.train.global_batch * cfg.model.seq_len / n * REMAT_FLOPS[cand.remat]
     comm = comm_theory_bytes(cand.stage, params, n, b_g, b_r, cfg.zero.reshard_after_forward, trained, cand.grad_accum)

@@ -49,7 +49,7 @@ def gather_stages(gather: str, schedule: str) -> tuple[int, ...]:
 
 def check_between_keys(cfg) -> None:
     """The rules between the keys of a `Config` (its sections have checked their own values)."""
-    for rule in (_quantized_gather, _offload, _ema, _reduce, _byte_vocab):
+    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab):
         rule(cfg)
 
 
@@ -67,13 +67,6 @@ def _offload(cfg) -> None:
         raise ConfigError(f"zero.offload={z.offload} (the update streamed unit by unit from host memory) is "
                           f"supported with zero.schedule=shard_map, not {z.schedule}; use zero.schedule=shard_map, "
                           "or zero.offload=none")
-
-
-def _ema(cfg) -> None:
-    if cfg.optim.ema and cfg.zero.offload == "optimizer+master":
-        raise ConfigError(f"optim.ema={cfg.optim.ema} with zero.offload=optimizer+master is not implemented in zerojax "
-                          "yet (the EMA lives on the device, beside a master the update writes in host memory); "
-                          "use zero.offload=optimizer or none, or optim.ema=0")
 
 
 def _reduce(cfg) -> None:

@@ -64,10 +64,21 @@ def check_freeze(params, patterns: tuple[str, ...], frozen, lora: bool = False, 
 
 
 # An update, on device or streamed (`offload.streamed`): (grads, opt_state, params, weights,
-# finite) -> (params, opt_state, weights), of the trained leaves; `weights` is the device copy
-# that zero.offload=optimizer+master keeps (else None). A step whose gradient is not `finite`
-# gives back params, state and weights as they were.
-Update = Callable[..., tuple[Any, Any, Any]]
+# finite, ema) -> (params, opt_state, weights, ema), of the trained leaves; `weights` is the
+# device copy that zero.offload=optimizer+master keeps (else None), `ema` optim.ema's average
+# of the new params (`moving_average`; None without one). A step whose gradient is not `finite`
+# gives back params, state, weights and ema as they were.
+Update = Callable[..., tuple[Any, Any, Any, Any]]
+
+
+def moving_average(decay: float, ema, params, finite):
+    """openpi's EMA after an optimizer step: decay·ema + (1 - decay)·params, leaf by leaf
+    (elementwise: on each device's shard, no collective); a skipped step leaves it as it was.
+    None (no EMA kept) stays None."""
+    if ema is None:
+        return None
+    average = lambda ema, new: jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, new)
+    return jax.lax.cond(finite, average, lambda ema, _: ema, ema, params)
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,7 @@ class Optimizer:
 
     clip: optax.GradientTransformation | None
     elementwise: optax.GradientTransformation
+    ema: float = 0.0  # optim.ema: the decay of the trained weights' moving average (0: none kept)
 
     @property
     def chain(self) -> optax.GradientTransformation:
@@ -99,8 +111,9 @@ class Optimizer:
         """The chain's state of its two parts' (`split`'s inverse)."""
         return elementwise_state if self.clip is None else (clip_state, elementwise_state)
 
-    def in_place(self, grads, state, params, weights, finite):
-        """The `Update` on the device: the whole chain at once (`weights` pass through)."""
+    def in_place(self, grads, state, params, weights, finite, ema=None):
+        """The `Update` on the device: the whole chain at once (`weights` pass through), then
+        the EMA of the new params."""
         def apply(params, state):
             updates, state = self.update(grads, state, params)
             return optax.apply_updates(params, updates), state
@@ -108,10 +121,10 @@ class Optimizer:
         # A cond, not a select between new and old: the update then runs in place on the
         # donated buffers (a select keeps the old state alive next to the new one).
         params, state = jax.lax.cond(finite, apply, lambda *old: old, params, state)
-        return params, state, weights
+        return params, state, weights, moving_average(self.ema, ema, params, finite)
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> Optimizer:
     adamw = optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=decay_mask)
-    return Optimizer(optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None, adamw)
+    return Optimizer(optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None, adamw, cfg.ema)

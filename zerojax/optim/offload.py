@@ -15,8 +15,11 @@ device, updated, and written back in place, so the device holds one layer's offl
 a time (ZeRO-Offload streams the same way, by parameter group, on the CPU; here the arithmetic
 stays on the accelerator and only the bytes move). With `optimizer+master` the device keeps,
 for the forward and backward, the master's shard in the gather dtype (`TrainState.weights`),
-which the streamed update writes from the new master. A step whose gradient is not finite
-writes every piece back unchanged (a select per piece, not a `cond` around host buffers).
+which the streamed update writes from the new master. optim.ema's average lives where the
+master lives: with `optimizer+master` on the host too, each unit's piece brought to the device
+beside its master's, averaged with the new master there and written back. A step whose gradient
+is not finite writes every piece back unchanged (a select per piece, not a `cond` around host
+buffers).
 
 `streamed` is that update: a wrapper around the same `Optimizer` (the same optax chain, the same
 state) that the device path applies whole, so a checkpoint saved with offload resumes without it.
@@ -29,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from zerojax.errors import ConfigError
-from zerojax.optim.adamw import Optimizer, Update
+from zerojax.optim.adamw import Optimizer, Update, moving_average
 from zerojax.schedules.prefetch import layer_at, layer_put
 from zerojax.schedules.storage import stored_weights
 
@@ -85,8 +88,9 @@ def streamed(optimizer: Optimizer, offload: Offload, stacked: tuple[str, ...], w
     params_in = to_device if offload.master else (lambda p: p)
     params_out = to_host if offload.master else (lambda p: p)
 
-    def update(grads, opt_state, params, weights, finite):
+    def update(grads, opt_state, params, weights, finite, ema=None):
         clip_state, state = optimizer.split(opt_state)
+        streams_ema = offload.master and ema is not None  # the EMA lives where the master does: the host
         if optimizer.clip is not None:  # needs the whole gradient: on the device, before any piece
             grads, new_clip_state = optimizer.clip.update(grads, clip_state)
             clip_state = _select(finite, new_clip_state, clip_state)
@@ -95,40 +99,55 @@ def streamed(optimizer: Optimizer, offload: Offload, stacked: tuple[str, ...], w
             raise NotImplementedError("zero.offload streams optimizer states made of copies of the parameters "
                                       "(as optax's Adam moments are) and scalars; this state holds other arrays")
 
-        def apply(g, p, s):
+        def apply(g, p, s, e=None):
             """One piece's update on the device: its gradient, parameters and state (its copies cut
-            to the piece, `counts` as they were before the step). A non-finite step gives the piece
-            back as it was, bit-identical (a select per piece, not a `cond` around host buffers)."""
+            to the piece, `counts` as they were before the step), and with the EMA on the host its
+            piece `e`, averaged with the new parameters as `moving_average` does. A non-finite step
+            gives the piece back as it was, bit-identical (a select per piece, not a `cond` around
+            host buffers)."""
             p = params_in(p)
             updates, new = optimizer.elementwise.update(g, s, p)
-            return _select(finite, (optax.apply_updates(p, updates), new), (p, s))
+            p_new = optax.apply_updates(p, updates)
+            if e is None:
+                return (*_select(finite, (p_new, new), (p, s)), None)
+            e = to_device(e)
+            e_new = jax.tree.map(lambda a, b: optimizer.ema * a + (1 - optimizer.ema) * b, e, p_new)
+            return _select(finite, (p_new, new, e_new), (p, s, e))
 
-        new_params, new_weights = {}, {}
+        new_params, new_weights, new_ema = {}, {}, {}
         outer = [k for k in params if k not in stacked]
         if outer:
             pick = lambda tree: {k: tree[k] for k in outer}
-            p, s = apply(pick(grads), pick(params), cut(state, params, lambda c: to_device(pick(c))))
+            p, s, e = apply(pick(grads), pick(params), cut(state, params, lambda c: to_device(pick(c))),
+                            pick(ema) if streams_ema else None)
             state = paste(state, params, s, lambda c, new: {**c, **to_host(new)})
             new_params.update(params_out(p))
             if offload.master:
                 new_weights.update(stored_weights(p, weights_dtype))
+            if streams_ema:
+                new_ema.update(to_host(e))
 
         for name in [k for k in params if k in stacked]:
             def layer(i, carry, name=name, like=params[name]):
-                p_all, s_all, w_all = carry  # s_all: `state` with its copies cut to this stack
+                p_all, s_all, w_all, e_all = carry  # s_all: `state` with its copies cut to this stack
                 piece = paste(s_all, like, counts, lambda c, _: to_device(layer_at(c, i)))
-                p, s = apply(layer_at(grads[name], i), layer_at(p_all, i), piece)
+                p, s, e = apply(layer_at(grads[name], i), layer_at(p_all, i), piece,
+                                layer_at(e_all, i) if streams_ema else None)
                 s_all = paste(s_all, like, s, lambda c, new: layer_put(c, to_host(new), i))
                 w_all = layer_put(w_all, stored_weights(p, weights_dtype), i) if offload.master else w_all
-                return layer_put(p_all, params_out(p), i), s_all, w_all
+                e_all = layer_put(e_all, to_host(e), i) if streams_ema else e_all
+                return layer_put(p_all, params_out(p), i), s_all, w_all, e_all
 
-            p, s, w = jax.lax.fori_loop(0, jax.tree.leaves(params[name])[0].shape[0], layer,
-                                        (params[name], cut(state, params, lambda c: c[name]),
-                                         weights[name] if offload.master else None))
+            p, s, w, e = jax.lax.fori_loop(0, jax.tree.leaves(params[name])[0].shape[0], layer,
+                                           (params[name], cut(state, params, lambda c: c[name]),
+                                            weights[name] if offload.master else None,
+                                            ema[name] if streams_ema else None))
             state = paste(state, params, s, lambda c, new: {**c, name: new})
-            new_params[name], new_weights[name] = p, w
+            new_params[name], new_weights[name], new_ema[name] = p, w, e
 
-        return new_params, optimizer.join(clip_state, state), (new_weights if offload.master else None)
+        # The EMA beside a master on the device: averaged whole, as the device path does.
+        ema = new_ema if streams_ema else moving_average(optimizer.ema, ema, new_params, finite)
+        return new_params, optimizer.join(clip_state, state), (new_weights if offload.master else None), ema
 
     return update
 

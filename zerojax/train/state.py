@@ -34,7 +34,7 @@ class TrainState(NamedTuple):
 
 def state_shardings(engine: Engine, abstract_state: TrainState):
     """Where each part of the state lives: the plan's layout, in host memory where zero.offload
-    puts it (every optimizer-state copy of a parameter; the trained leaves' master)."""
+    puts it (every optimizer-state copy of a parameter; the trained leaves' master and their EMA)."""
     plan, offload = engine.plan, engine.offload  # frozen leaves: sharded at stage 3 only, never offloaded
     weights = plan.specs(plan.layout.master, plan.trained_leaves) if offload.master else None
     ema = plan.specs(plan.layout.master, plan.trained_leaves) if abstract_state.ema is not None else None
@@ -49,6 +49,8 @@ def state_shardings(engine: Engine, abstract_state: TrainState):
     if offload.master:
         shardings = shardings._replace(params=plan.map(
             lambda leaf, s: s if leaf.frozen else offload_lib.on_host(s), shardings.params))
+        if ema is not None:  # optim.ema: where the master is
+            shardings = shardings._replace(ema=jax.tree.map(offload_lib.on_host, shardings.ema))
     return shardings
 
 

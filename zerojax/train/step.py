@@ -135,13 +135,13 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
-        trained, opt_state, weights = update(grads, state.opt_state, trees.trained(state.params, frozen),
-                                             state.weights, finite)
+        trained, opt_state, weights, ema = update(grads, state.opt_state, trees.trained(state.params, frozen),
+                                                  state.weights, finite, state.ema)
         new_state = TrainState(step=state.step + finite.astype(jnp.int32),
                                params=trees.combine(trained, trees.frozen_part(state.params, frozen)),
                                opt_state=opt_state, skipped=jnp.where(finite, 0, state.skipped + 1),
                                loss_scale=engine.scaler.update(state.loss_scale, finite), weights=weights,
-                               ema=update_ema(engine.ema, state.ema, trained, finite))
+                               ema=ema)
         metrics = {"loss": loss, "grad_norm": grad_norm, "lr": engine.lr_schedule(state.step), "skipped": ~finite,
                    "skipped_in_a_row": new_state.skipped, "loss_scale": scale}
         return new_state, metrics
@@ -149,16 +149,6 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
     shardings = state_shardings(engine, abstract_state or init_state(engine, abstract=True))
     return jax.jit(train_step, in_shardings=(shardings, mesh_lib.batch_sharding(engine.mesh)),
                    out_shardings=(shardings, mesh_lib.replicated(engine.mesh)), donate_argnums=0)
-
-
-def update_ema(decay: float, ema, trained, finite):
-    """openpi's EMA after an optimizer step: decay·ema + (1 - decay)·weights, leaf by leaf on
-    each device's shard of the fp32 master (elementwise: no collective); a skipped step leaves
-    it as it was. None (no EMA kept) stays None."""
-    if ema is None:
-        return None
-    average = lambda ema, new: jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, new)
-    return jax.lax.cond(finite, average, lambda ema, _: ema, ema, trained)
 
 
 def make_eval_step(engine: Engine):
