@@ -275,6 +275,16 @@ def test_lora_keys_nest_in_yaml_and_on_the_command_line(tmp_path):
     assert cfg.precision.frozen == "float32"
     config.dump(cfg, tmp_path / "again.yaml")
     assert config.load(tmp_path / "again.yaml") == cfg
+    # a mapping key: a YAML mapping, or NAME:VALUE,NAME:VALUE on the command line; dumped as a mapping
+    path.write_text("optim:\n  lora:\n    rank: 16\n    rank_pattern: {expert: 32, '*q_proj*': 8}\n"
+                    "    alpha_pattern:\n      expert: 32\n")
+    cfg = config.load(path)
+    assert cfg.optim.lora.rank_pattern == (("expert", 32), ("*q_proj*", 8)) and cfg.optim.lora.alpha_pattern == (("expert", 32.0),)
+    assert config.load(overrides=["optim.lora.rank=16", "optim.lora.rank_pattern=expert:32,*q_proj*:8",
+                                  "optim.lora.alpha_pattern=expert:32"]).optim.lora == cfg.optim.lora
+    config.dump(cfg, tmp_path / "again.yaml")
+    assert "rank_pattern:\n      expert: 32\n" in (tmp_path / "again.yaml").read_text()
+    assert config.load(tmp_path / "again.yaml") == cfg
     for bad, message in (("optim.lora=3", "optim.lora is a section, not a key; set its keys, e.g. optim.lora.rank"),
                          ("optim.lora.rnk=3", "did you mean 'optim.lora.rank'")):
         with pytest.raises(config.ConfigError, match=message.replace(".", r"\.")):
