@@ -179,15 +179,16 @@ def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: str, size: int, prompt_len: int,
-                tokenizer) -> dict:
+                tokenizer, pad_before: bool = False) -> dict:
     """One frame's observation as the batch holds it (module docstring): from `raw`, the state
     float32 [D_s] in the robot's units, each camera float32 [3, h, w] in [0, 1] and the task's
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
     tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
-    served policy reads cannot drift from what it was trained on."""
+    served policy reads cannot drift from what it was trained on (`pad_before`: a LeRobot 0.3.x
+    checkpoint's padding, `lerobot_frames.resize_with_pad`)."""
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
-        out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size)
+        out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
     out["tokens"], out["token_mask"] = prompt(raw["task"], prompt_len, tokenizer)
     return out
 
