@@ -9,7 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+
+import jax
 
 import pytest
 
@@ -30,7 +33,7 @@ def clean_env(**more):
 
 
 # One measurement of each kind the plan runs (a schedule and its stage, the gspmd peer, offload,
-# quantized gathers, the fit search) and EXTRA's plan_check: the other five differ from these only
+# quantized gathers, the fit search) and EXTRA's plan_check: the others differ from these only
 # in their configs, which test_every_measurements_config_loads loads. The whole plan (`bash
 # scripts/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
 REHEARSED = ("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "offload_optimizer_master_s3", "gather_int8_s3", "fit_s3",
@@ -218,3 +221,27 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     (new_params, _), loss = jitted(real, tokens)
     assert float(loss) == pytest.approx(float(expected), rel=1e-3)
     assert all(np.any(np.asarray(x) != b) for x, b in zip(jax.tree.leaves(new_params), before))  # AdamW moved each
+
+
+def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkeypatch):
+    """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
+    suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
+    only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
+    import zerojax
+    from bench import measure
+
+    monkeypatch.chdir(ROOT)  # the entry names the tiny LeRobot dataset as bench_gpu.sh runs it, from the checkout
+    m = plan.BY_NAME["pi0_full_s3"]
+    cfg = zerojax.load_config(ROOT / m.config, plan.overrides(m, dry_run=True))
+    mesh = zerojax.make_mesh(cfg.mesh)
+    batch = measure.random_batch(cfg, jax.random.key(0), zerojax.batch_sharding(mesh))
+    shapes = zerojax.batch_shape(cfg)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), batch) == jax.tree.map(lambda x: (x.shape, x.dtype), shapes)
+    assert not batch["action_is_pad"].any() and batch["image_masks"].all() and batch["token_mask"].all()
+    assert 0 < float(batch["time"].min()) and float(batch["time"].max()) < 1
+    assert 0 <= int(batch["tokens"].min()) and int(batch["tokens"].max()) < cfg.model.vocab_size
+    assert float(batch["images"].min()) >= -1 and float(batch["images"].max()) <= 1 and batch["images"].std() > 0.1
+    row_tokens = 4 + 6 + 1 + 4  # 28² images at patch 14, the prompt, the state, H actions
+    rates = measure.rates(cfg, zerojax.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
+    assert rates["samples_per_sec"] == 16 / 0.5 and rates["tokens_per_sec"] == 16 * row_tokens / 0.5
+    assert 0 < rates["mfu"] < 1e-3
