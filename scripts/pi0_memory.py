@@ -9,7 +9,8 @@ For configs/pi0.yaml (Ψ = 3.24B; batch 32, one 224² camera, H = 50, remat full
 
 then, for 24, 48 and 80 GB cards, the smallest of those device counts whose compiled peak fits
 the card's budget, with and without offload. The budget is `zerojax plan`'s: what JAX may use
-of the card (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75) less a 1 GB margin.
+of the card (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75) less a 1 GB margin; the table also
+gives it at 0.95 (what users set to give JAX the card).
 
     python scripts/pi0_memory.py --out runs/pi0_memory.json     # about 25 compiles, ~1 min each here
     python scripts/pi0_memory.py --out runs/pi0_memory.json --markdown   # the tables from the JSON
@@ -85,25 +86,33 @@ def gb(x: float) -> str:
 
 
 def markdown(doc: dict) -> str:
+    """Two tables: per device, the model states (the formula) and the compiled peak; then the
+    smallest device count per card, at JAX's default share of the card and at 0.95 of it."""
     runs = doc["runs"]
-    out = ["| devices | full: states / peak, stage 0 | full: stage 3 | LoRA r16: stage 0 | LoRA r16: stage 3 "
-           "| full, stage 3, offload=optimizer | offload=optimizer+master |", "|---|---|---|---|---|---|---|"]
+    out = ["| devices | full, stage 0: states / peak | full, stage 3 | LoRA r16, stage 0 | LoRA r16, stage 3 "
+           "| full, stage 3, offload=optimizer: peak (+ host) | offload=optimizer+master |",
+           "|---|---|---|---|---|---|---|"]
     for n in DEVICES:
         cells = []
-        for name, stage in (("full", 0), ("full", 3), ("lora16", 0), ("lora16", 3),
-                            ("full+offload=optimizer", 3), ("full+offload=optimizer+master", 3)):
+        for name, stage in (("full", 0), ("full", 3), ("lora16", 0), ("lora16", 3)):
             row = stage_row(runs[key(name, n)], stage)
             cells.append(f"{gb(row['formula_bytes'])} / {gb(row['peak_bytes'])} GB")
+        for name in ("full+offload=optimizer", "full+offload=optimizer+master"):
+            row = stage_row(runs[key(name, n)], 3)
+            cells.append(f"{gb(row['peak_bytes'])} GB (+ {gb(row['host_argument_bytes'])} GB)")
         out.append(f"| {n} | " + " | ".join(cells) + " |")
-    out += ["", "| card (budget) | full, no offload | offload=optimizer | offload=optimizer+master |",
-            "|---|---|---|---|"]
+    options = ("full", "full+offload=optimizer", "full+offload=optimizer+master")
+    out += ["", "| card | budget | full, no offload | offload=optimizer | offload=optimizer+master |",
+            "|---|---|---|---|---|"]
     for card in CARDS_GB:
-        budget = budget_bytes(card * GB, MARGIN_GB * GB)
-        cells = []
-        for name in ("full", "full+offload=optimizer", "full+offload=optimizer+master"):
-            n = smallest(doc, name, budget)
-            cells.append(f"{n} device{'s' * (n != 1)}" if n else f"more than {DEVICES[-1]}")
-        out.append(f"| {card} GB ({gb(budget)} GB) | " + " | ".join(cells) + " |")
+        for fraction in (doc.get("mem_fraction", 0.75), 0.95):
+            budget = budget_bytes(card * GB, MARGIN_GB * GB, fraction)
+            cells = []
+            for name in options:
+                n = smallest(doc, name, budget)
+                cells.append(f"{n} device{'s' * (n != 1)}" if n else f"more than {DEVICES[-1]}")
+            out.append(f"| {card} GB | {gb(budget)} GB ({fraction:g} x card - {MARGIN_GB:g} GB) | "
+                       + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
