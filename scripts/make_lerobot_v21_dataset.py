@@ -2,9 +2,16 @@
 own code, and what LeRobot 0.3 makes of it: the reference tests/test_lerobot.py checks zerojax's
 v2.1 reader against.
 
-Runs in a venv with LeRobot 0.3 (it brings torch, which zerojax never depends on):
+Runs in a venv with LeRobot 0.3 (it brings torch, which zerojax never depends on; its datasets
+code imports torchvision). The committed fixture was made with lerobot 0.3.3 and datasets 3.6.0
+(0.3.3 pins datasets<=3.6) installed without dependencies into a venv whose .pth adds
+/work/lerobotvenv's torch 2.10, torchvision 0.25 and av 15.1 (/work/pi0venv has lerobot 0.3.3
+but no torchvision, and no CPU build of one matches its torch here):
 
-    /work/pi0venv/bin/python scripts/make_lerobot_v21_dataset.py tests/fixtures/lerobot/v21
+    /work/lerobotvenv/bin/python -m venv /work/v21venv
+    echo /work/lerobotvenv/lib/python3.11/site-packages > /work/v21venv/lib/python3.11/site-packages/zz_lerobotvenv.pth
+    /work/v21venv/bin/pip install --no-deps lerobot==0.3.3 datasets==3.6.0
+    /work/v21venv/bin/python scripts/make_lerobot_v21_dataset.py tests/fixtures/lerobot/v21
 
 It writes OUT/tiny/ with `LeRobotDataset.create` / `add_frame` / `save_episode`: the dataset of
 scripts/lerobot_tiny.py (the v3.0 fixture's features, episodes, tasks and frames; `front` as AV1
