@@ -52,6 +52,21 @@ def test_items_equal_lerobots_getitem(root, ref):
     np.testing.assert_allclose(front, ref["observation.images.front"], atol=1 / 255)  # the same AV1 stream
 
 
+def test_v21_episodes_past_the_first_chunk_are_read_from_their_chunks_files(tmp_path):
+    root = copy_fixture(tmp_path, V21 / "tiny")  # 2 episodes a chunk: episode 2 in chunk-001, as LeRobot places it
+    edit_json(root / "meta" / "info.json", lambda d: d.update(chunks_size=2))
+    for name in ("data/chunk-{:03d}/episode_000002.parquet",
+                 "videos/chunk-{:03d}/observation.images.front/episode_000002.mp4"):
+        (root / name.format(1)).parent.mkdir(parents=True)
+        (root / name.format(0)).rename(root / name.format(1))
+    src = source("data.norm_state=identity", "data.norm_action=identity", root=root)
+    assert src.dataset.episodes[2].videos[CAMERAS[0]][0].endswith("chunk-001/observation.images.front/episode_000002.mp4")
+    last = [k for k, i in enumerate(INDICES) if i >= 15]  # episode 2's frames
+    items = [src.raw_item(INDICES[k]) for k in last]
+    np.testing.assert_array_equal(np.stack([it["action"] for it in items]), REF21["action"][last])
+    np.testing.assert_allclose(np.stack([it[CAMERAS[0]] for it in items]), REF21[CAMERAS[0]][last], atol=1 / 255)
+
+
 def test_v21_statistics_are_lerobot_03s_aggregate_of_the_episodes():
     stats = source(root=V21 / "tiny").dataset.stats  # meta/episodes_stats.jsonl, combined
     for key in ("observation.state", "action"):
