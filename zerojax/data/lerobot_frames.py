@@ -94,6 +94,8 @@ def video_span(path: str) -> tuple[float, float]:
     except av.error.FFmpegError as err:
         raise ConfigError(f"{path}: not a video PyAV can open ({err})") from None
     with container:
+        if not container.streams.video:  # a file cut before its index (moov) still opens
+            raise ConfigError(f"{path}: no video stream in it (a file cut short, or not a video?)")
         stream = container.streams.video[0]
         base = float(stream.time_base)
         start = (stream.start_time or 0) * base
