@@ -9,7 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+
+import jax
 
 import pytest
 
@@ -30,7 +33,7 @@ def clean_env(**more):
 
 
 # One measurement of each kind the plan runs (a schedule and its stage, the gspmd peer, offload,
-# quantized gathers, the fit search) and EXTRA's plan_check: the other five differ from these only
+# quantized gathers, the fit search) and EXTRA's plan_check: the others differ from these only
 # in their configs, which test_every_measurements_config_loads loads. The whole plan (`bash
 # scripts/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
 REHEARSED = ("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "offload_optimizer_master_s3", "gather_int8_s3", "fit_s3",
@@ -218,3 +221,48 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     (new_params, _), loss = jitted(real, tokens)
     assert float(loss) == pytest.approx(float(expected), rel=1e-3)
     assert all(np.any(np.asarray(x) != b) for x, b in zip(jax.tree.leaves(new_params), before))  # AdamW moved each
+
+
+def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkeypatch):
+    """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
+    suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
+    only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
+    import zerojax
+    from bench import measure
+
+    monkeypatch.chdir(ROOT)  # the entry names the tiny LeRobot dataset as bench_gpu.sh runs it, from the checkout
+    m = plan.BY_NAME["pi0_full_s3"]
+    cfg = zerojax.load_config(ROOT / m.config, plan.overrides(m, dry_run=True))
+    mesh = zerojax.make_mesh(cfg.mesh)
+    batch = measure.random_batch(cfg, jax.random.key(0), zerojax.batch_sharding(mesh))
+    shapes = zerojax.batch_shape(cfg)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), batch) == jax.tree.map(lambda x: (x.shape, x.dtype), shapes)
+    assert not batch["action_is_pad"].any() and batch["image_masks"].all() and batch["token_mask"].all()
+    assert 0 < float(batch["time"].min()) and float(batch["time"].max()) < 1
+    assert 0 <= int(batch["tokens"].min()) and int(batch["tokens"].max()) < cfg.model.vocab_size
+    assert float(batch["images"].min()) >= -1 and float(batch["images"].max()) <= 1 and batch["images"].std() > 0.1
+    row_tokens = 4 + 6 + 1 + 4  # 28² images at patch 14, the prompt, the state, H actions
+    rates = measure.rates(cfg, zerojax.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
+    assert rates["samples_per_sec"] == 16 / 0.5 and rates["tokens_per_sec"] == 16 * row_tokens / 0.5
+    assert 0 < rates["mfu"] < 1e-3
+
+
+def test_pi0_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
+    import pi0_memory  # scripts/pi0_memory.py: the README's π0 memory tables
+
+    GB = 1e9
+    peaks = {"full": (64.8, 33.9, 20.6, 14.2), "full+offload=optimizer": (43.7, 23.0, 15.1, 11.2),
+             "full+offload=optimizer+master": (45.4, 22.7, 13.3, 10.3), "lora16": (24.3, 16.0, 10.6, 8.2)}
+    row = lambda peak: {"peak_bytes": peak * GB, "formula_bytes": 1.0, "host_argument_bytes": 0}
+    doc = {"mem_fraction": 0.75, "runs": {pi0_memory.key(name, n): {"stages": {"3": row(p)}}
+                                          for name, ps in peaks.items() for n, p in zip(pi0_memory.DEVICES, ps)}}
+    doc["runs"]["full@1"]["stages"] = {"0": row(64.8)}  # one device: its only compile, stage 0
+    budget = lambda card, fraction: fraction * card * GB - GB
+    assert pi0_memory.smallest(doc, "full", budget(24, 0.75)) == 8  # 17.0 GB: only 8 devices' 14.2
+    assert pi0_memory.smallest(doc, "full", budget(24, 0.95)) == 4  # 21.8 GB: 4 devices' 20.6
+    assert pi0_memory.smallest(doc, "full", budget(80, 0.95)) == 1  # 75 GB: one device's 64.8
+    assert pi0_memory.smallest(doc, "full", budget(16, 0.75)) is None
+    assert pi0_memory.smallest(doc, "full+offload=optimizer", budget(80, 0.75)) == 1
+    lines = pi0_memory.markdown(doc).splitlines()
+    assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 4 devices | 4 devices |" in lines
+    assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device |" in lines

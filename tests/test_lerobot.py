@@ -1,7 +1,9 @@
 """LeRobot datasets (data.source=lerobot:DIR) against LeRobot itself: tests/fixtures/lerobot/ holds
-a tiny dataset written by LeRobot 0.4's own LeRobotDataset, and what LeRobot's __getitem__,
-NormalizerProcessorStep and pi0's resize_with_pad made of it (scripts/make_lerobot_dataset.py,
-run in LeRobot's venv). No torch here."""
+a tiny dataset written by LeRobot 0.4's own LeRobotDataset (codebase v3.0), and what LeRobot's
+__getitem__, NormalizerProcessorStep and pi0's resize_with_pad made of it
+(scripts/make_lerobot_dataset.py, run in LeRobot's venv); tests/fixtures/lerobot/v21/ the same
+dataset written by LeRobot 0.3.3 (codebase v2.1), its __getitem__ and its aggregated statistics
+(scripts/make_lerobot_v21_dataset.py). No torch here."""
 
 import json
 import shutil
@@ -18,6 +20,8 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot"
 REF = dict(np.load(FIXTURE / "reference.npz"))
 INDICES = [int(i) for i in REF["indices"]]
 CAMERAS = ("observation.images.front", "observation.images.wrist")  # video (AV1), images (PNG in the Parquet)
+V21 = FIXTURE / "v21"
+REF21 = dict(np.load(V21 / "reference.npz"))
 
 
 def source(*overrides, root=FIXTURE / "tiny"):
@@ -32,18 +36,44 @@ def test_a_lerobot_source_is_its_own_kind_not_a_module_factory():
     assert sources.kind_of(config.load(overrides=["data.source=packed_source:build"])) == "custom"
 
 
-def test_items_equal_lerobots_getitem():
-    src = source("data.norm_state=identity", "data.norm_action=identity")
+@pytest.mark.parametrize("root, ref", [(FIXTURE / "tiny", REF), (V21 / "tiny", REF21)], ids=["v3.0", "v2.1"])
+def test_items_equal_lerobots_getitem(root, ref):
+    assert ref["indices"].tolist() == INDICES and int(ref["horizon"]) == int(REF["horizon"])
+    src = source("data.norm_state=identity", "data.norm_action=identity", root=root)
     items = [src.raw_item(i) for i in INDICES]
     for key in ("observation.state", "action", "action_is_pad"):
-        np.testing.assert_array_equal(np.stack([it[key] for it in items]), REF[key], err_msg=key)
-    assert [it["task"] for it in items] == REF["task"].tolist()
-    assert REF["action_is_pad"].any() and not REF["action_is_pad"].all()  # the fixture has chunks past an end
+        np.testing.assert_array_equal(np.stack([it[key] for it in items]), ref[key], err_msg=key)
+    assert [it["task"] for it in items] == ref["task"].tolist()
+    assert ref["action_is_pad"].any() and not ref["action_is_pad"].all()  # the fixture has chunks past an end
     wrist = np.stack([it["observation.images.wrist"] for it in items])
-    np.testing.assert_array_equal(wrist, REF["observation.images.wrist"])  # PNG: lossless
+    np.testing.assert_array_equal(wrist, ref["observation.images.wrist"])  # PNG: lossless
     front = np.stack([it["observation.images.front"] for it in items])
-    assert front.shape == REF["observation.images.front"].shape and front.dtype == np.float32
-    np.testing.assert_allclose(front, REF["observation.images.front"], atol=1 / 255)  # the same AV1 stream
+    assert front.shape == ref["observation.images.front"].shape and front.dtype == np.float32
+    np.testing.assert_allclose(front, ref["observation.images.front"], atol=1 / 255)  # the same AV1 stream
+
+
+def test_v21_episodes_past_the_first_chunk_are_read_from_their_chunks_files(tmp_path):
+    root = copy_fixture(tmp_path, V21 / "tiny")  # 2 episodes a chunk: episode 2 in chunk-001, as LeRobot places it
+    edit_json(root / "meta" / "info.json", lambda d: d.update(chunks_size=2))
+    for name in ("data/chunk-{:03d}/episode_000002.parquet",
+                 "videos/chunk-{:03d}/observation.images.front/episode_000002.mp4"):
+        (root / name.format(1)).parent.mkdir(parents=True)
+        (root / name.format(0)).rename(root / name.format(1))
+    src = source("data.norm_state=identity", "data.norm_action=identity", root=root)
+    assert src.dataset.episodes[2].videos[CAMERAS[0]][0].endswith("chunk-001/observation.images.front/episode_000002.mp4")
+    last = [k for k, i in enumerate(INDICES) if i >= 15]  # episode 2's frames
+    items = [src.raw_item(INDICES[k]) for k in last]
+    np.testing.assert_array_equal(np.stack([it["action"] for it in items]), REF21["action"][last])
+    np.testing.assert_allclose(np.stack([it[CAMERAS[0]] for it in items]), REF21[CAMERAS[0]][last], atol=1 / 255)
+
+
+def test_v21_statistics_are_lerobot_03s_aggregate_of_the_episodes():
+    stats = source(root=V21 / "tiny").dataset.stats  # meta/episodes_stats.jsonl, combined
+    for key in ("observation.state", "action"):
+        assert set(stats[key]) == {"min", "max", "mean", "std", "count"}, key
+        for name in stats[key]:
+            np.testing.assert_array_equal(stats[key][name], REF21[f"stats/{key}/{name}"], err_msg=f"{key} {name}")
+    assert stats["action"]["count"] == [19]  # the episodes' 6 + 9 + 4 frames
 
 
 @pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantiles", "quantile10"])
@@ -134,9 +164,9 @@ def test_the_last_episodes_are_held_out_for_evaluation():
     np.testing.assert_array_equal(train_all, eval_all)
 
 
-def copy_fixture(tmp_path):
+def copy_fixture(tmp_path, dataset=FIXTURE / "tiny"):
     root = tmp_path / "dataset"
-    shutil.copytree(FIXTURE / "tiny", root)
+    shutil.copytree(dataset, root)
     return root
 
 
@@ -163,8 +193,8 @@ def cut_short(path, size):
 
 BAD = {
     "no info.json": (lambda root: (root / "meta" / "info.json").unlink(), [], "no meta/info.json in it"),
-    "a codebase version": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v2.1")),
-                           [], "codebase_version 'v2.1' is not supported; zerojax reads v3.0"),
+    "a codebase version": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v3.1")),
+                           [], "codebase_version 'v3.1' is not supported; zerojax reads v2.1, v3.0"),
     "a missing feature": (lambda root: None, ["data.cameras=top"],
                           "no feature 'observation.images.top', which data.source=lerobot needs (data.cameras); its "
                           "features: observation.state, action, observation.images.front, observation.images.wrist"),
@@ -184,10 +214,51 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, tmp_path, capsys):
-    root = copy_fixture(tmp_path)
-    damage, overrides, message = BAD[case]
+def edit_jsonl(path, episode, edit):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(edit(row) if row["episode_index"] == episode else row) + "\n" for row in rows))
+
+
+def as_v20(root):
+    """A v2.0 dataset: global statistics (meta/stats.json), no per-episode ones."""
+    (root / "meta" / "episodes_stats.jsonl").unlink()
+    edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v2.0"))
+
+
+VIDEO21 = Path("videos", "chunk-000", "observation.images.front")
+BAD_V21 = {
+    "v2.0": (as_v20, [], "codebase_version 'v2.0' is not supported; zerojax reads v2.1, v3.0 (LeRobot 0.3's and "
+                         "0.4's formats; LeRobot 0.3's lerobot.datasets.v21.convert_dataset_v20_to_v21 converts v2.0)"),
+    "v1.6": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.update(codebase_version="v1.6")), [],
+             "codebase_version 'v1.6' is not supported; zerojax reads v2.1, v3.0"),
+    "no version": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.pop("codebase_version")), [],
+                   "codebase_version None is not supported; zerojax reads v2.1, v3.0"),
+    "no episode statistics": (lambda root: (root / "meta" / "episodes_stats.jsonl").unlink(), [],
+                              "episodes_stats.jsonl: no mean/std statistics for 'observation.state' "
+                              "(data.norm_state=mean_std needs mean and std; the file is missing)"),
+    "no quantiles": (lambda root: None, ["data.norm_action=quantiles"],  # LeRobot 0.3 computes none
+                     "episodes_stats.jsonl: no q01/q99 statistics for 'action' (data.norm_action=quantiles needs "
+                     "q01 and q99; it has min, max, mean, std, count)"),
+    "an episode's length": (lambda root: edit_jsonl(root / "meta" / "episodes.jsonl", 0, lambda r: {**r, "length": 7}),
+                            [], "episode 0 spans dataset indices [0, 7) in meta/episodes.jsonl, but the data files "
+                                "hold 6 of its 7 frames"),
+    "an episode's statistics": (lambda root: edit_jsonl(root / "meta" / "episodes_stats.jsonl", 1,
+                                                        lambda r: r["stats"]["action"].pop("count") and r), [],
+                                "episodes_stats.jsonl: episode 1's 'action' has no count"),
+    "a missing Parquet": (lambda root: (root / "data" / "chunk-000" / "episode_000002.parquet").unlink(), [],
+                          "episode_000002.parquet: no such file (the dataset's frames)"),
+    "a missing video": (lambda root: (root / VIDEO21 / "episode_000001.mp4").unlink(), [],
+                        "episode_000001.mp4: no such file (episode 1's observation.images.front video)"),
+    "a cut-short video": (lambda root: cut_short(root / VIDEO21 / "episode_000002.mp4", 700), [],  # no index left
+                          "episode_000002.mp4: no video stream in it (a file cut short, or not a video?)"),
+}
+CASES = [(FIXTURE / "tiny", case, BAD[case]) for case in BAD] + [(V21 / "tiny", case, BAD_V21[case]) for case in BAD_V21]
+
+
+@pytest.mark.parametrize("dataset, case, bad", CASES, ids=[f"{d.parent.name}-{c}" for d, c, _ in CASES])
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(dataset, case, bad, tmp_path, capsys):
+    root = copy_fixture(tmp_path, dataset)
+    damage, overrides, message = bad
     damage(root)
     out = tmp_path / "run"
     code = cli.main(["train", f"data.source=lerobot:{root}", f"train.out_dir={out}", "train.steps=1", *overrides])
@@ -248,18 +319,25 @@ def test_a_policy_that_does_not_fit_the_dataset_is_refused(override, message, tm
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_keeps_the_statistics_beside_its_checkpoints(tmp_path):
-    # π0 trained on the dataset for a step through the sharded step on 8 devices, for what the
-    # run writes beside its checkpoints.
+V30_QUANTILES = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())["action"]
+V21_STATS = {"mean": REF21["stats/action/mean"].tolist(), "std": REF21["stats/action/std"].tolist()}
+
+
+@pytest.mark.parametrize("dataset, norm, steps, stats", [
+    (FIXTURE / "tiny", "quantiles", 1, {"q01": V30_QUANTILES["q01"], "q99": V30_QUANTILES["q99"]}),
+    (V21 / "tiny", "mean_std", 2, V21_STATS),  # LeRobot 0.3's statistics, aggregated from the episodes'
+], ids=["v3.0", "v2.1"])
+def test_a_run_keeps_the_statistics_beside_its_checkpoints(dataset, norm, steps, stats, tmp_path):
+    # π0 trained on the dataset through the sharded step on 8 devices, for what the run writes
+    # beside its checkpoints; the two datasets' programs are the same (one compile, then the cache).
     out = tmp_path / "run"
-    code = cli.main(["train", f"data.source=lerobot:{FIXTURE / 'tiny'}", "data.norm_action=quantiles", *PI0,
-                     "train.steps=1", "train.log_every=1", "train.global_batch=8", "train.eval_every=0", "train.sample_tokens=0",
-                     "train.ckpt_every=0", "zero.min_shard_size=64", f"train.out_dir={out}"])
+    code = cli.main(["train", f"data.source=lerobot:{dataset}", f"data.norm_action={norm}", *PI0,
+                     f"train.steps={steps}", "train.log_every=1", "train.global_batch=8", "train.eval_every=0",
+                     "train.sample_tokens=0", "train.ckpt_every=0", "zero.min_shard_size=64", f"train.out_dir={out}"])
     assert code == 0
-    assert np.isfinite(json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"])
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if "loss" in line]
+    assert len(losses) == steps and np.isfinite(losses).all(), losses
     doc = json.loads((out / "lerobot.json").read_text())
-    stats = json.loads((FIXTURE / "tiny" / "meta" / "stats.json").read_text())
-    assert doc["normalization"]["action"] == {"mode": "quantiles", "q01": stats["action"]["q01"],
-                                              "q99": stats["action"]["q99"]}
+    assert doc["normalization"]["action"] == {"mode": norm, **stats}
     assert doc["normalization"]["observation.state"]["mode"] == "mean_std"
     assert list(doc["features"]) == ["observation.state", *CAMERAS, "action"] and doc["action_horizon"] == 2

@@ -135,6 +135,9 @@ def test_lerobot_import_on_8_devices_and_export_give_every_tensor_bit_for_bit(im
     assert sorted(have) == sorted(want)  # the statistics' buffers and the expert's unused lm_head too
     assert bits(have) == bits(want)
     assert json.loads((out / "config.json").read_text()) == json.loads((FIXTURE / "pi0" / "config.json").read_text())
+    from zerojax.interop import lerobot as lerobot_io  # zerojax trains with centred padding, LeRobot 0.3 pads before
+
+    assert (lerobot_io.image_padding(out), lerobot_io.image_padding(FIXTURE / "pi0")) == ("centre", "before")
 
 
 def without_buffers(directory):

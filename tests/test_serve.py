@@ -357,3 +357,74 @@ def test_a_bad_port_and_a_missing_extra_are_one_line(run_dir, capsys, monkeypatc
     assert "'70000' is not a port; use 0-65535" in one_error_line(["serve", str(run_dir), "--port", "70000"], capsys)
     monkeypatch.setitem(sys.modules, "websockets", None)  # as if the serve extra were not installed
     assert "pip install 'zerojax[serve]'" in one_error_line(["serve", str(run_dir)], capsys)
+
+
+# -- a LeRobot π0 checkpoint, served as LeRobot's own PI0Policy.select_action answers -----------------
+
+LEROBOT = ROOT / "tests" / "fixtures" / "lerobot"
+LEROBOT_ARGS = ["--tokenizer", str(LEROBOT / "pi0_tokenizer.json"), "--vision-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def lerobot_reference():
+    """scripts/make_lerobot_serve_fixture.py: LeRobot 0.3.3's select_action chunks for two robot
+    observations (state in its units, uint8 HWC cameras, cam0 20 x 28: padded), fixed noise."""
+    from safetensors import safe_open
+
+    with safe_open(LEROBOT / "pi0.serve_reference.safetensors", "numpy") as f:
+        ref = {k: f.get_tensor(k) for k in f.keys()}
+        tasks = json.loads(f.metadata()["tasks"])
+    obs = [{"observation.state": ref["state"][b], "observation.images.cam0": ref["cam0"][b],
+            "observation.images.cam1": ref["cam1"][b], "prompt": tasks[b]} for b in range(len(tasks))]
+    return obs, ref
+
+
+@pytest.fixture(scope="module")
+def lerobot_served():
+    return policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+
+
+def test_a_lerobot_checkpoint_answers_as_lerobots_select_action(lerobot_served, lerobot_reference):
+    obs, ref = lerobot_reference
+    meta = lerobot_served.metadata()
+    assert meta["observation"] == {"observation.state": {"shape": [5], "dtype": "float32"},
+                                   "observation.images.cam0": {"shape": [28, 28, 3], "dtype": "uint8"},
+                                   "observation.images.cam1": {"shape": [28, 28, 3], "dtype": "uint8"},
+                                   "prompt": {"dtype": "str"}}
+    assert (meta["action_horizon"], meta["action_dim"]) == (4, 3) and "LeRobot 0.3 π0 checkpoint" in meta["run"]
+    for b, o in enumerate(obs):  # normalized, padded top-left as 0.3.x pads, tokenized, sampled, unnormalized
+        actions = lerobot_served.infer(o, 0, noise=ref["noise"][b:b + 1])["actions"]
+        np.testing.assert_allclose(actions, ref["actions"][b], rtol=1e-5, atol=1e-5)
+
+
+def test_a_lerobot_04_checkpoint_reads_its_processor_files_and_centres_its_padding(lerobot_served, lerobot_reference,
+                                                                                  tmp_path):
+    new = tmp_path / "pi0-0.4"  # LeRobot 0.4's layout: the statistics in the processors' files
+    new.mkdir()
+    for path in [LEROBOT / "pi0" / "config.json", LEROBOT / "pi0" / "model.safetensors",
+                 *(LEROBOT / "pi0_processors").iterdir()]:
+        shutil.copy(path, new)
+    served = policy.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+    assert "LeRobot 0.4 π0 checkpoint" in served.where and not served.pad_before and lerobot_served.pad_before
+    assert {k: v["mode"] for k, v in served.norms.items()} == {k: v["mode"] for k, v in lerobot_served.norms.items()}
+    obs, ref = lerobot_reference
+    square = {**obs[0], "observation.images.cam0": obs[0]["observation.images.cam1"]}  # nothing to pad
+    noise = ref["noise"][:1]
+    np.testing.assert_allclose(served.infer(square, 0, noise=noise)["actions"],
+                               lerobot_served.infer(square, 0, noise=noise)["actions"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_lerobot_checkpoint_without_its_tokenizer_or_statistics_is_refused(run_dir, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+
+    assert "does not carry its tokenizer" in one_error_line(["serve", str(LEROBOT / "pi0")], capsys)
+    assert "drop --step" in one_error_line(["serve", str(LEROBOT / "pi0"), "--step", "3", *LEROBOT_ARGS], capsys)
+    assert "are for a LeRobot checkpoint directory" in one_error_line(["serve", str(run_dir), *LEROBOT_ARGS], capsys)
+    bare = tmp_path / "no-stats"  # 0.3's layout with its statistics buffers taken out
+    bare.mkdir()
+    shutil.copy(LEROBOT / "pi0" / "config.json", bare)
+    tensors = load_file(LEROBOT / "pi0" / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if not k.startswith(("normalize_", "unnormalize_"))},
+              bare / "model.safetensors")
+    line = one_error_line(["serve", str(bare), *LEROBOT_ARGS], capsys)
+    assert "no observation.state mean/std statistics" in line

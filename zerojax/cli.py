@@ -155,8 +155,8 @@ def _generate_arguments(generate: Parser) -> None:
 
 
 def _serve_arguments(serve: Parser) -> None:
-    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR, or the "
-                       "FILE.safetensors `zerojax export` wrote of one")
+    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR, the "
+                       "FILE.safetensors `zerojax export` wrote of one, or a LeRobot π0 checkpoint directory")
     serve.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
@@ -167,6 +167,10 @@ def _serve_arguments(serve: Parser) -> None:
                        "fold_in(key(S), n))")
     serve.add_argument("--api-key", metavar="KEY", help="refuse connections without the header "
                        "Authorization: Api-Key KEY (default: $ZEROJAX_API_KEY, else none)")
+    serve.add_argument("--tokenizer", metavar="PATH", help="a LeRobot checkpoint: the tokenizer.json of its prompts "
+                       "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
+    serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
+                       "attention heads, which its config.json does not name (default 16, So400m's)")
 
 
 def _tokenizer_arguments(tokenizer: Parser) -> None:
@@ -413,7 +417,7 @@ def cmd_serve(args) -> int:
     serve.require()  # the extra, before a model is loaded
     from zerojax.serve import policy, server
 
-    served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
+    served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer, args.vision_heads)
     print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
           f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
     api_key = args.api_key or os.environ.get("ZEROJAX_API_KEY") or None

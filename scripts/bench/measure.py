@@ -111,20 +111,48 @@ def best_time(fn, x, repeats: int) -> float:
 
 
 def rates(cfg, engine, params: int, step_s: float, opts) -> dict:
-    tokens_per_sec = cfg.train.global_batch * cfg.model.seq_len / step_s
-    out = {"step_s": step_s, "tokens_per_sec": tokens_per_sec}
+    """Step time, tokens/s and MFU. A text model's row is seq_len tokens; π0's is its joint
+    sequence (prefix + state + actions), and its samples/s is the rate robot users compare."""
+    model = zerojax.abstract_model(cfg.model, engine.policy)
+    row_flops = model.flops_per_row() if callable(getattr(model, "flops_per_row", None)) else None
+    row_tokens = model.prefix_len + 1 + cfg.model.action.horizon if row_flops else cfg.model.seq_len
+    out = {"step_s": step_s, "tokens_per_sec": cfg.train.global_batch * row_tokens / step_s}
+    if row_flops:
+        out["samples_per_sec"] = cfg.train.global_batch / step_s
     if opts.peak_tflops:  # model FLOPs utilisation, summed over the devices (PaLM appendix B)
-        flops = zerojax.model_flops_per_token(cfg)
-        out["mfu"] = tokens_per_sec * flops / (opts.peak_tflops * 1e12 * engine.mesh.devices.size)
+        flops = row_flops / row_tokens if row_flops else zerojax.model_flops_per_token(cfg)
+        out["mfu"] = out["tokens_per_sec"] * flops / (opts.peak_tflops * 1e12 * engine.mesh.devices.size)
     return out
 
 
+def random_batch(cfg, key, sharding):
+    """One global batch of the config's shapes (`zerojax.batch_shape`), made on the devices:
+    token ids below the vocabulary, masks all set (no `*_is_pad` flag set: every action is
+    real), a flow's time in (0, 1), other floats uniform in [-1, 1] (images are in [-1, 1];
+    noise, states and actions any values)."""
+    shapes = zerojax.batch_shape(cfg)
+    paths, tree = jax.tree_util.tree_flatten_with_path(shapes)
+
+    def make(key):
+        out = []
+        for i, (path, s) in enumerate(paths):
+            k = jax.random.fold_in(key, i)
+            if jnp.issubdtype(s.dtype, jnp.integer):
+                out.append(jax.random.randint(k, s.shape, 0, cfg.model.vocab_size, s.dtype))
+            elif s.dtype == jnp.bool_:
+                out.append(jnp.full(s.shape, not jax.tree_util.keystr(path).endswith("_is_pad']"), jnp.bool_))
+            else:
+                low = 0.001 if len(s.shape) == 1 else -1.0  # [B]: the flow's time
+                out.append(jax.random.uniform(k, s.shape, s.dtype, low, 1.0))
+        return jax.tree.unflatten(tree, out)
+
+    return jax.jit(make, out_shardings=jax.tree.map(lambda _: sharding, shapes))(key)
+
+
 def timed_steps(cfg, engine, compiled, state, steps: int, warmup: int) -> tuple[float, float]:
-    """Seconds per step after `warmup` steps, and the last loss (random tokens: only a sanity check)."""
-    shape = (cfg.train.global_batch, cfg.model.seq_len + 1)
-    make = jax.jit(lambda key: jax.random.randint(key, shape, 0, cfg.model.vocab_size, jnp.int32),
-                   out_shardings=zerojax.batch_sharding(engine.mesh))
-    batches = [make(jax.random.key(i)) for i in range(warmup + steps)]
+    """Seconds per step after `warmup` steps, and the last loss (random batches: only a sanity check)."""
+    sharding = zerojax.batch_sharding(engine.mesh)
+    batches = [random_batch(cfg, jax.random.key(i), sharding) for i in range(warmup + steps)]
     for batch in batches[:warmup]:
         state, metrics = compiled(state, batch)
     jax.block_until_ready((state, batches))

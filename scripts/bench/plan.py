@@ -79,6 +79,25 @@ EXTRA = (
                 "optimizer+master (host bytes not counted against the device), then one real step of it", 95,
                 ("zero.stage=3", "zero.offload=optimizer+master"), fit_stage=3, feature="zero.offload=optimizer+master"),
 )
+# π0 (configs/pi0.yaml, 3.24B; issue 24): batch 32, one 224² camera, H = 50, remat full, on one
+# H200 (the tiny LeRobot dataset only names the batch's keys; the bench feeds random batches).
+# Not in the 8-minute plan either (two ~3B compiles): `--only pi0_full_s3,pi0_lora_s3`.
+PI0 = "configs/pi0.yaml"
+PI0_BASE = ("train.global_batch=32", "data.source=lerobot:tests/fixtures/lerobot/tiny",
+            "data.cameras=observation.images.front", "zero.stage=3")
+PI0_DRY = ("model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.head_dim=8",
+           "model.d_ff=64", "model.expert.d_model=16", "model.expert.d_ff=48", "model.action.horizon=4",
+           "data.action_horizon=4", "model.action.prompt_len=6", "data.prompt_len=6", "model.vision.image_size=28",
+           "data.image_size=28", "model.vision.d_model=24", "model.vision.n_layers=2", "model.vision.n_heads=2",
+           "model.vision.d_ff=48", "train.global_batch=16")  # 28² at patch 14: 4 image tokens
+EXTRA += (
+    Measurement("pi0_full_s3", "π0 (3.24B), stage 3, full fine-tuning: step time, samples/s, MFU, peak memory "
+                "(openpi: more than 70 GB on one card)", 120, PI0_BASE, config=PI0, dry=PI0_DRY),
+    Measurement("pi0_lora_s3", "π0, stage 3, LoRA r16 on the VLM's and the expert's Gemma, their bases frozen, "
+                "tower and projections trained (openpi's low-memory recipe at one rank; openpi: more than 22.5 GB)", 100,
+                (*PI0_BASE, "optim.lora.rank=16", "optim.lora.targets=language,expert", "optim.lora.base=targets"),
+                config=PI0, dry=(*PI0_DRY, "optim.lora.rank=4")),
+)
 BY_NAME = {m.name: m for m in PLAN + EXTRA}
 
 

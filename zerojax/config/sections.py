@@ -163,7 +163,7 @@ class DataConfig:
     #                         | rows: a .jsonl/.parquet file or a Hugging Face `datasets` directory (save_to_disk):
     #                           images and text for a vision-language family (zerojax.data.images), else
     #                           messages, prompt+completion or text (zerojax.data.chat)
-    #                         | lerobot:DIR (a LeRobot v3.0 dataset: zerojax.data.lerobot)
+    #                         | lerobot:DIR (a LeRobot v3.0 or v2.1 dataset: zerojax.data.lerobot)
     #                         | module:factory (a source of your own: zerojax.data.sources)
     val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows; LeRobot: episodes) held out for evaluation
     val_source: str = ""  # rows: evaluation rows of their own (as data.source) instead of data.source's tail

@@ -1,5 +1,5 @@
 """LeRobot datasets as a data source: `data.source=lerobot:DIR` (codebase v3.0, as LeRobot 0.4
-writes it), read with pyarrow, PyAV and Pillow; no torch.
+writes it, and v2.1, as LeRobot 0.3 does), read with pyarrow, PyAV and Pillow; no torch.
 
 The batch, what a policy such as pi0 reads (B = train.global_batch, H = data.action_horizon,
 L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action's widths):
@@ -12,7 +12,7 @@ L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action
                                                     timestamps 0, 1/fps, ...), normalized (data.norm_action)
     action_is_pad             bool    [B, H]        True where the chunk runs past the episode's
                                                     end; those steps repeat its last action
-    tokens                    int32   [B, L]        the frame's task (meta/tasks.parquet) and "\\n",
+    tokens                    int32   [B, L]        the frame's task (meta/tasks.parquet or .jsonl) and "\\n",
                                                     tokenized with data.tokenizer (bytes if none),
                                                     truncated, then padded with 0 on the right
     token_mask                bool    [B, L]        True on the prompt's tokens
@@ -49,10 +49,12 @@ import numpy as np
 from zerojax.data import corpus as corpus_lib
 from zerojax.data import lerobot_frames as frames
 from zerojax.data import lerobot_meta as meta
+from zerojax.data import lerobot_v21
 from zerojax.data.sources import Field
 from zerojax.errors import ConfigError
 
-VERSIONS = ("v3.0",)  # codebase versions read (LeRobot >= 0.4)
+VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
+# (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
 STATE, ACTION = "observation.state", "action"
 CAMERA = "observation.images."
 EPS = 1e-8  # NormalizerProcessorStep's default eps
@@ -73,8 +75,8 @@ def read_info(root: Path) -> dict:
     version = info.get("codebase_version")
     if version not in VERSIONS:
         raise ConfigError(f"{path}: codebase_version {version!r} is not supported; zerojax reads "
-                          f"{', '.join(VERSIONS)} (LeRobot 0.4's format; LeRobot's "
-                          "lerobot.datasets.v30.convert_dataset_v21_to_v30 converts v2.1)")
+                          f"{', '.join(VERSIONS)} (LeRobot 0.3's and 0.4's formats; LeRobot 0.3's "
+                          "lerobot.datasets.v21.convert_dataset_v20_to_v21 converts v2.0)")
     return info
 
 
@@ -129,7 +131,7 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     cameras = cameras_of(cfg, info)
     d = cfg.data
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
-    dataset = meta.load(root, info, cameras, norms)
+    dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
     source = LeRobotSource(dataset, dataset_spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
     if cfg.model.family in POLICY_FAMILIES:
@@ -179,15 +181,16 @@ def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: str, size: int, prompt_len: int,
-                tokenizer) -> dict:
+                tokenizer, pad_before: bool = False) -> dict:
     """One frame's observation as the batch holds it (module docstring): from `raw`, the state
     float32 [D_s] in the robot's units, each camera float32 [3, h, w] in [0, 1] and the task's
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
     tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
-    served policy reads cannot drift from what it was trained on."""
+    served policy reads cannot drift from what it was trained on (`pad_before`: a LeRobot 0.3.x
+    checkpoint's padding, `lerobot_frames.resize_with_pad`)."""
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
-        out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size)
+        out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
     out["tokens"], out["token_mask"] = prompt(raw["task"], prompt_len, tokenizer)
     return out
 

@@ -94,6 +94,8 @@ def video_span(path: str) -> tuple[float, float]:
     except av.error.FFmpegError as err:
         raise ConfigError(f"{path}: not a video PyAV can open ({err})") from None
     with container:
+        if not container.streams.video:  # a file cut before its index (moov) still opens
+            raise ConfigError(f"{path}: no video stream in it (a file cut short, or not a video?)")
         stream = container.streams.video[0]
         base = float(stream.time_base)
         start = (stream.start_time or 0) * base
@@ -114,10 +116,11 @@ def bilinear_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.
     return i0, i1, np.float32(1) - w1, w1
 
 
-def resize_with_pad(image_CHW: np.ndarray, size: int) -> np.ndarray:
+def resize_with_pad(image_CHW: np.ndarray, size: int, pad_before: bool = False) -> np.ndarray:
     """An image in [-1, 1] resized to fit size x size without distortion (bilinear), then padded
-    with -1 (black), centred: openpi's `resize_with_pad`, which LeRobot's pi0 copies. A frame
-    already size x size is left as it is."""
+    with -1 (black), centred: openpi's `resize_with_pad`, which LeRobot 0.4's pi0 copies.
+    `pad_before`: all the padding on the top and left instead (LeRobot 0.3.x's `resize_with_pad`,
+    what its checkpoints were trained with). A frame already size x size is left as it is."""
     _, h, w = image_CHW.shape
     if (h, w) == (size, size):
         return image_CHW
@@ -128,7 +131,7 @@ def resize_with_pad(image_CHW: np.ndarray, size: int) -> np.ndarray:
     # gathers, not matrix products: BLAS's own threads on a few busy cores cost 30x more here
     rows = image_CHW[:, y0] * wy0[:, None] + image_CHW[:, y1] * wy1[:, None]  # [3, rh, w]
     resized = np.clip(rows[:, :, x0] * wx0 + rows[:, :, x1] * wx1, -1, 1)
-    top, left = (size - rh) // 2, (size - rw) // 2
+    top, left = (size - rh, size - rw) if pad_before else ((size - rh) // 2, (size - rw) // 2)
     out = np.full((image_CHW.shape[0], size, size), -1, np.float32)
     out[:, top:top + rh, left:left + rw] = resized
     return out

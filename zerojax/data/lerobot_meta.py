@@ -1,9 +1,10 @@
-"""The tables of a LeRobot v3.0 dataset, read with pyarrow and checked once, when the source
-opens: meta/episodes/*.parquet (each episode's rows and its place in the video files),
-meta/tasks.parquet, meta/stats.json, and the columns of the data Parquet files that a batch
-reads (state, action, timestamps, task indices, embedded images).
+"""The tables of a LeRobot dataset, read with pyarrow and checked once, when the source opens:
+the columns of the data Parquet files that a batch reads (state, action, timestamps, task
+indices, embedded images) and, from its metadata, each episode's rows and its place in the video
+files, the tasks and the statistics (`Tables`). Codebase v3.0's metadata is read here
+(meta/episodes/*.parquet, meta/tasks.parquet, meta/stats.json), v2.1's in `lerobot_v21`.
 
-Layout (LeRobot 0.4, `lerobot.datasets.utils`): `info["data_path"]` and `info["video_path"]`
+Layout of v3.0 (LeRobot 0.4, `lerobot.datasets.utils`): `info["data_path"]` and `info["video_path"]`
 are templates filled with an episode's `data/chunk_index`, `data/file_index` and
 `videos/<camera>/chunk_index`, `file_index`; episodes are stored one after another in a file,
 an episode's rows are the dataset indices [dataset_from_index, dataset_to_index) and its
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +47,7 @@ class Dataset:
     images: dict  # camera stored as images -> its Parquet cells (pyarrow), [N]
     episodes: dict  # episode_index -> Episode
     tasks: dict  # task_index -> the task's text
-    stats: dict  # feature -> {"mean": [...], ...} (meta/stats.json)
+    stats: dict  # feature -> {"mean": [...], ...} (Tables.stats)
 
     def position(self, index: int) -> int:
         at = int(np.searchsorted(self.index, index))
@@ -83,6 +85,16 @@ class Dataset:
         held = set(order[len(order) - n_val:]) if n_val else set()
         train = self.index[~np.isin(self.episode, list(held))]
         return train, (self.index[np.isin(self.episode, list(held))] if held else train)
+
+
+class Tables(NamedTuple):
+    """What a dataset's metadata says, whichever its codebase version."""
+
+    episodes: dict  # episode_index -> Episode
+    data_files: list  # the Parquet files of the frames (Path)
+    tasks: dict  # task_index -> the task's text
+    stats: dict | None  # feature -> {"mean": [...], ...}; None: the dataset has no statistics file
+    names: dict  # "episodes" / "tasks" / "stats" -> the file that said it, relative to the root
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -143,14 +155,22 @@ def read_episodes(root: Path, info: dict, cameras: list[str]) -> dict:
             episodes[ep.index] = ep
             data_files[ep.index] = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
                                                                    file_index=row["data/file_index"])
-    return episodes, sorted(set(data_files.values()))
+    return episodes, list(data_files.values())
 
 
-def read_stats(root: Path, norms: dict) -> dict:
-    """meta/stats.json, checked to hold what each normalized feature's mode needs."""
+def read_tables(root: Path, info: dict, cameras: list[str]) -> Tables:
+    """A v3.0 dataset's metadata (module docstring)."""
+    episodes, data_files = read_episodes(root, info, cameras)
     path = root / "meta" / "stats.json"
+    stats = read_json(path, "LeRobot's stats.json") if path.is_file() else None
+    return Tables(episodes, data_files, read_tasks(root / "meta" / "tasks.parquet"), stats,
+                  {"episodes": "meta/episodes", "tasks": "meta/tasks.parquet", "stats": "meta/stats.json"})
+
+
+def check_stats(root: Path, tables: Tables, norms: dict) -> dict:
+    """The statistics, checked to hold what each normalized feature's mode needs."""
+    path, stats = root / tables.names["stats"], tables.stats or {}
     needed = {key: STAT_KEYS[mode] for key, mode in norms.items() if STAT_KEYS[mode]}
-    stats = read_json(path, "LeRobot's stats.json") if path.is_file() else {}
     for key, names in needed.items():
         have = stats.get(key, {})
         missing = [n for n in names if n not in have]
@@ -158,8 +178,8 @@ def read_stats(root: Path, norms: dict) -> dict:
             mode = norms[key]
             setting = f"data.norm_{'state' if key == 'observation.state' else 'action'}={mode}"
             raise ConfigError(f"{path}: no {'/'.join(missing)} statistics for {key!r} ({setting} needs "
-                              f"{' and '.join(names)}; " + (f"it has {', '.join(have) or 'none'}" if path.is_file()
-                                                            else "the file is missing") +
+                              f"{' and '.join(names)}; " + (f"it has {', '.join(have) or 'none'}"
+                                                            if tables.stats is not None else "the file is missing") +
                               f"); compute them with LeRobot, or set {setting.split('=')[0]}=identity")
     return stats
 
@@ -189,28 +209,28 @@ def check_videos(ds: Dataset, cameras: list[str]) -> None:
     reader.close()
 
 
-def load(root: Path, info: dict, cameras: list[str], norms: dict) -> Dataset:
-    """The dataset's tables, every problem a ConfigError naming the file (before any step)."""
-    episodes, data_files = read_episodes(root, info, cameras)
+def load(root: Path, info: dict, cameras: list[str], norms: dict, read_meta) -> Dataset:
+    """The dataset's tables, every problem a ConfigError naming the file (before any step);
+    `read_meta` reads its codebase version's metadata (`read_tables`: v3.0's)."""
+    tables = read_meta(root, info, cameras)
     images = [c for c in cameras if info["features"][c]["dtype"] == "image"]
     columns = ["index", "episode_index", "timestamp", "task_index", "observation.state", "action", *images]
-    tables = [read_parquet(path, columns, "the dataset's frames") for path in data_files]
+    parts = [read_parquet(path, columns, "the dataset's frames") for path in sorted(set(tables.data_files))]
     import pyarrow as pa
 
-    table = pa.concat_tables(tables).sort_by("index")
+    table = pa.concat_tables(parts).sort_by("index")
     ds = Dataset(root, int(info["fps"]), np.asarray(table.column("index"), np.int64),
                  np.asarray(table.column("episode_index"), np.int64), np.asarray(table.column("timestamp"), np.float32),
                  np.asarray(table.column("task_index"), np.int64),
                  {k: as_matrix(table.column(k)) for k in ("observation.state", "action")},
-                 {c: table.column(c) for c in images}, episodes, read_tasks(root / "meta" / "tasks.parquet"),
-                 read_stats(root, norms))
-    check_tables(ds, info)
+                 {c: table.column(c) for c in images}, tables.episodes, tables.tasks, check_stats(root, tables, norms))
+    check_tables(ds, info, tables.names)
     check_videos(ds, cameras)
     return ds
 
 
-def check_tables(ds: Dataset, info: dict) -> None:
-    """The frames agree with meta/info.json, the episodes and the tasks."""
+def check_tables(ds: Dataset, info: dict, names: dict) -> None:
+    """The frames agree with meta/info.json, the episodes and the tasks (`names`: Tables.names)."""
     for key, matrix in ds.columns.items():
         width = int(np.prod(info["features"][key]["shape"]))
         if matrix.shape[1] != width:
@@ -220,7 +240,7 @@ def check_tables(ds: Dataset, info: dict) -> None:
         held = np.count_nonzero((ds.index >= ep.start) & (ds.index < ep.stop) & (ds.episode == ep.index))
         if held != ep.stop - ep.start:
             raise ConfigError(f"{ds.root}: episode {ep.index} spans dataset indices [{ep.start}, {ep.stop}) in "
-                              f"meta/episodes, but the data files hold {held} of its {ep.stop - ep.start} frames")
+                              f"{names['episodes']}, but the data files hold {held} of its {ep.stop - ep.start} frames")
     unknown = sorted(set(ds.task.tolist()) - set(ds.tasks))
     if unknown:
-        raise ConfigError(f"{ds.root / 'meta' / 'tasks.parquet'}: no task with task_index {unknown[0]} (the frames use it)")
+        raise ConfigError(f"{ds.root / names['tasks']}: no task with task_index {unknown[0]} (the frames use it)")

@@ -38,6 +38,9 @@ from zerojax.models import registry
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
 SO400M_HEADS = 16  # SigLIP So400m/14, π0's tower
+# model.safetensors' metadata in an export: zerojax trains with openpi's centred image padding,
+# LeRobot 0.3.x pads top and left, so `zerojax serve` of the export knows which it learnt with.
+PADDING_KEY, CENTRED = "zerojax.image_padding", "centre"
 INIT_DIR = "lerobot_init"  # RUN_DIR/lerobot_init/: the LeRobot checkpoint's config.json and statistics
 STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's normalizer saves them
 # LeRobot 0.3.x's normalization modules: (module, the features it normalizes)
@@ -65,6 +68,19 @@ def read_config(directory: Path) -> dict:
 def buffer_name(module: str, feature: str, stat: str) -> str:
     """LeRobot 0.3.x's name of a statistic's buffer: normalize_inputs.buffer_observation_state.mean."""
     return f"{module}.buffer_{feature.replace('.', '_')}.{stat}"
+
+
+def image_padding(directory) -> str:
+    """How a LeRobot π0 directory's images were padded in training: "centre" (openpi's, LeRobot
+    0.4's, and a zerojax export's: PADDING_KEY) or "before" (LeRobot 0.3.x pads top and left;
+    a 0.4 directory has processor files)."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    with safe_open(directory / "model.safetensors", framework="numpy") as f:
+        if (f.metadata() or {}).get(PADDING_KEY) == CENTRED:
+            return CENTRED
+    return CENTRED if (directory / "policy_preprocessor.json").is_file() else "before"
 
 
 def read_stats(directory) -> dict:
@@ -218,7 +234,7 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
 
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype), tensors, blocks, dtype)
+    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: CENTRED}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)

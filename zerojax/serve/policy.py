@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zerojax.data import corpus, lerobot, lerobot_frames
+from zerojax.config import lerobot_dir
+from zerojax.data import corpus, lerobot, lerobot_frames, lerobot_meta
 from zerojax.data import policy as policy_rows
 from zerojax.data.lerobot import ACTION, CAMERA, STATE
 from zerojax.errors import ConfigError
@@ -60,6 +61,7 @@ class ServedPolicy:
     num_steps: int
     seed: int
     fps: float = 0.0
+    pad_before: bool = False  # a LeRobot 0.3.x checkpoint's image padding (lerobot_frames.resize_with_pad)
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
 
@@ -70,11 +72,14 @@ class ServedPolicy:
         graphdef, self.params = nnx.split(self.model)
         shape = (1, self.action["horizon"], self.action["max_action_dim"])
 
-        def sample(params, batch, request):
-            noise = jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
+        def sample_with(params, batch, noise):
             return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps)
 
-        self._sample = jax.jit(sample)
+        def sample(params, batch, request):
+            noise = jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
+            return sample_with(params, batch, noise)
+
+        self._sample, self._sample_with = jax.jit(sample), jax.jit(sample_with)
 
     @property
     def max_message_bytes(self) -> int:
@@ -97,15 +102,19 @@ class ServedPolicy:
         """π0's batch of one row for the observation, as training builds its rows."""
         raw = self.check(obs)
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
-                                  self.prompt_len, self.tokenizer)
+                                  self.prompt_len, self.tokenizer, self.pad_before)
         return policy_rows.observation_batch({k: v[None] for k, v in row.items()}, self.cameras,
                                              self.action["cameras"], self.action["max_state_dim"])
 
-    def infer(self, obs, request: int) -> dict:
+    def infer(self, obs, request: int, noise=None) -> dict:
         """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
-        noise of request number `request` (module docstring)."""
+        noise of request number `request` (module docstring), or the given noise [1, H,
+        max_action_dim] (a reference's)."""
         batch = self.batch(obs)
-        actions = np.asarray(self._sample(self.params, batch, np.uint32(request)))
+        if noise is None:
+            actions = np.asarray(self._sample(self.params, batch, np.uint32(request)))
+        else:
+            actions = np.asarray(self._sample_with(self.params, batch, jnp.asarray(noise, jnp.float32)))
         norm = self.norms[ACTION]
         return {"actions": lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])}
 
@@ -183,14 +192,22 @@ def camera(key: str, value) -> np.ndarray:
     return np.ascontiguousarray(chw)
 
 
-def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0) -> ServedPolicy:
+def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
+         vision_heads: int | None = None) -> ServedPolicy:
     """A π0 policy, compiled and warmed up: a run directory's checkpoint (the newest, or `step`)
-    and its lerobot.json, or a safetensors file `zerojax export` wrote of such a run (its config,
-    lerobot.json and tokenizer travel in the file's metadata: export.run_metadata). ConfigError,
-    before any weight is read, for a run that is not a π0 trained on LeRobot data."""
+    and its lerobot.json, a safetensors file `zerojax export` wrote of such a run (its config,
+    lerobot.json and tokenizer travel in the file's metadata: export.run_metadata), or a LeRobot
+    π0 checkpoint directory (`lerobot_policy`: `tokenizer` and `vision_heads` are for it alone).
+    ConfigError, before any weight is read, for a run that is not a π0 trained on LeRobot data."""
     from zerojax.train import export
 
     target = Path(target)
+    if target.is_dir() and lerobot_dir(target):
+        return lerobot_policy(target, step, num_steps, seed, tokenizer, vision_heads)
+    if tokenizer is not None or vision_heads is not None:
+        raise ConfigError(f"--tokenizer and --vision-heads are for a LeRobot checkpoint directory (its config.json "
+                          f"names no tokenizer and no tower heads); {target} is a zerojax run or export, which "
+                          "carries both: drop them")
     if target.is_file():
         if step is not None:
             raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {target} is an export of one "
@@ -235,3 +252,86 @@ def check_family(saved: dict, where: str) -> None:
     if family not in FAMILIES:
         raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve serves policies: "
                           f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
+
+
+# ---------------------------------------------------------------------------------------------
+# A LeRobot π0 checkpoint (PI0Policy.save_pretrained's directory), served as LeRobot runs it.
+
+LEROBOT_MODES = {"MEAN_STD": "mean_std", "MIN_MAX": "min_max", "IDENTITY": "identity"}  # its normalization modes
+
+
+def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: str | None,
+                   vision_heads: int | None) -> ServedPolicy:
+    """A LeRobot π0 directory served as LeRobot's `PI0Policy.select_action` answers: its
+    config.json's features (cameras in its order, CHW shapes read as HWC frames), its
+    normalization modes and statistics (0.3.x's buffers or 0.4.x's processor files), its
+    `resize_imgs_with_padding` (LeRobot 0.3.x pads top and left, 0.4.x, openpi and zerojax
+    centre: `interop.lerobot.image_padding`) and `tokenizer_max_length`. LeRobot's π0 fetches PaliGemma's
+    tokenizer from the Hub, which its directory does not hold: `tokenizer` is a tokenizer.json."""
+    from zerojax.interop import lerobot as lerobot_io
+
+    where = str(directory)
+    if step is not None:
+        raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {where} is a LeRobot checkpoint (one "
+                          "step): drop --step")
+    config = lerobot_io.read_config(directory)
+    if tokenizer is None:
+        raise ConfigError(f"{where} is a LeRobot checkpoint, which does not carry its tokenizer (LeRobot's π0 loads "
+                          "google/paligemma-3b-pt-224's from the Hub): give --tokenizer PATH, that model's "
+                          "tokenizer.json (or the one the policy was trained with)")
+    features, norms = lerobot_features(config, lerobot_io.read_stats(directory), where)
+    resize = config.get("resize_imgs_with_padding")
+    if resize is None or len(set(resize)) != 1:
+        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}; zerojax serves π0 policies whose "
+                          "images are resized to a square (LeRobot's default [224, 224])")
+    tok = corpus.load_tokenizer(tokenizer)
+    cfg, model = lerobot_io.load(directory, vision_heads or lerobot_io.SO400M_HEADS)
+    if cfg.vision.image_size != resize[0]:
+        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}, but the tower reads "
+                          f"{cfg.vision.image_size} x {cfg.vision.image_size} images")
+    cameras = [k for k in features if k.startswith(CAMERA)]
+    if len(cameras) > cfg.action.cameras:
+        raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
+    action = {"horizon": cfg.action.horizon, "cameras": cfg.action.cameras, "max_state_dim": cfg.action.max_state_dim,
+              "max_action_dim": cfg.action.max_action_dim}
+    version = "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3"
+    served = ServedPolicy(f"{where} (LeRobot {version} π0 checkpoint)", model, features, norms, tok, resize[0],
+                          int(config.get("tokenizer_max_length", cfg.action.prompt_len)), action, num_steps, seed,
+                          pad_before=lerobot_io.image_padding(directory) == "before")
+    served.warm_up()
+    return served
+
+
+def lerobot_features(config: dict, stats: dict, where: str) -> tuple[dict, dict]:
+    """(features, normalization) as lerobot.json holds them, from a LeRobot policy's config.json
+    (input_features, output_features, normalization_mapping) and its statistics."""
+    inputs, outputs = config.get("input_features") or {}, config.get("output_features") or {}
+    kinds = {k: f.get("type") for k, f in {**inputs, **outputs}.items()}
+    want = {STATE: "STATE", ACTION: "ACTION"}
+    for key, kind in want.items():
+        if kinds.get(key) != kind:
+            raise ConfigError(f"{where}/config.json: no {kind} feature {key!r} (its features: {sorted(kinds)}); "
+                              f"zerojax serves π0 policies of {STATE!r}, {ACTION!r} and {CAMERA}<camera> images")
+    odd = [k for k, kind in kinds.items() if k not in want and (kind != "VISUAL" or not k.startswith(CAMERA))]
+    if odd:
+        raise ConfigError(f"{where}/config.json: features {odd} are not {STATE!r}, {ACTION!r} or {CAMERA}<camera> "
+                          "images, which zerojax serves")
+    features = {}
+    for key, f in {**inputs, **outputs}.items():
+        shape = list(f["shape"])
+        features[key] = {"shape": shape[1:] + shape[:1] if kinds[key] == "VISUAL" else shape,  # CHW -> HWC frames
+                         "dtype": "video" if kinds[key] == "VISUAL" else "float32"}
+    mapping = config.get("normalization_mapping") or {}
+    norms = {}
+    for key in (STATE, ACTION):
+        mode = LEROBOT_MODES.get(mapping.get(kinds[key], "IDENTITY"))
+        if mode is None:
+            raise ConfigError(f"{where}/config.json: normalization_mapping {kinds[key]}={mapping[kinds[key]]!r}; "
+                              f"zerojax applies {', '.join(LEROBOT_MODES)}")
+        need = lerobot_meta.STAT_KEYS[mode]
+        missing = [s for s in need if s not in stats.get(key, {})]
+        if missing:
+            raise ConfigError(f"{where}: no {key} {'/'.join(missing)} statistics (normalization {mode}); the checkpoint "
+                              "holds none (0.3.x: buffers in model.safetensors; 0.4.x: its processor files)")
+        norms[key] = {"mode": mode, **{s: stats[key][s] for s in need}}
+    return features, norms
