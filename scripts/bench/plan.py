@@ -93,10 +93,11 @@ PI0_DRY = ("model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model
 EXTRA += (
     Measurement("pi0_full_s3", "π0 (3.24B), stage 3, full fine-tuning: step time, samples/s, MFU, peak memory "
                 "(openpi: more than 70 GB on one card)", 120, PI0_BASE, config=PI0, dry=PI0_DRY),
-    Measurement("pi0_lora_s3", "π0, stage 3, LoRA r16 on the VLM's and the expert's Gemma, their bases frozen, "
-                "tower and projections trained (openpi's low-memory recipe at one rank; openpi: more than 22.5 GB)", 100,
-                (*PI0_BASE, "optim.lora.rank=16", "optim.lora.targets=language,expert", "optim.lora.base=targets"),
-                config=PI0, dry=(*PI0_DRY, "optim.lora.rank=4")),
+    Measurement("pi0_lora_s3", "π0, stage 3, openpi's low-memory recipe: LoRA r16 on the VLM's Gemma and r32 on "
+                "the expert's, their bases frozen, tower and projections trained (openpi: more than 22.5 GB)", 100,
+                (*PI0_BASE, "optim.lora.rank=16", "optim.lora.alpha=16", "optim.lora.rank_pattern=expert:32",
+                 "optim.lora.alpha_pattern=expert:32", "optim.lora.targets=language,expert", "optim.lora.base=targets"),
+                config=PI0, dry=(*PI0_DRY, "optim.lora.rank=4", "optim.lora.rank_pattern=expert:8")),
 )
 BY_NAME = {m.name: m for m in PLAN + EXTRA}
 
