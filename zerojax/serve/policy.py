@@ -124,6 +124,10 @@ class ServedPolicy:
         raw.update({c: camera(c, obs[c]) for c in self.cameras})
         return raw
 
+    @property
+    def expected_keys(self) -> tuple:
+        return (STATE, *self.cameras, "prompt")
+
     def expected(self) -> str:
         return ", ".join([f"{STATE!r} [{self.state_dim}]", *(f"{c!r} uint8 [h, w, 3]" for c in self.cameras),
                           "'prompt' str"])
