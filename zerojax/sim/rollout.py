@@ -84,14 +84,15 @@ def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: int,
             if frames is not None:
                 video.write(Path(video_dir) / f"{task}-{e}.mp4", frames, metaworld.FPS, crf=23, gop=12)
             done += 1
-            if progress:
+            if progress and sys.stderr.isatty():  # one line, redrawn
                 bar = "#" * (24 * done // total)
-                print(f"\rrollout [{bar:<24}] {done}/{total} {task} episode {e}: "
+                print(f"\r\033[Krollout [{bar:<24}] {done}/{total} {task} episode {e}: "
                       f"{'success' if success else 'failure'} in {steps} steps, "
                       f"{result.successes}/{result.episodes} so far", end="", file=sys.stderr, flush=True)
+        if progress:  # a log (not a terminal) gets a line a task
+            print(("\n" if sys.stderr.isatty() else "") + f"rollout: {task}: {result.successes}/{result.episodes} "
+                  f"successes, {np.mean(result.steps):.0f} steps an episode", file=sys.stderr, flush=True)
         env.close()
-    if progress:
-        print(file=sys.stderr)
     return results
 
 
