@@ -237,5 +237,5 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
 def check_family(saved: dict, where: str) -> None:
     family = saved["model"]["family"]
     if family not in FAMILIES:
-        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve serves policies: "
-                          f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
+        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve and rollout take "
+                          f"policies: a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
