@@ -11,10 +11,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "zerojax"
 # Bottom to top. A module may import its own part and the parts before it, never one after.
 LAYERS = ("errors", "formats", "precision", "models", "config", "parallel", "data", "schedules", "optim",
-          "interop", "train", "analysis", "report", "serve", "cli")
+          "interop", "train", "analysis", "report", "serve", "sim", "cli")
 SHIMS = ("hf", "mesh")  # old import paths that re-export a part's module (README names them)
 NO_JAX = ("zerojax", "zerojax.errors", "zerojax.formats", "zerojax.config", "zerojax.models.registry",
-          "zerojax.models.flops", "zerojax.analysis.formulas", "zerojax.serve", "zerojax.cli")
+          "zerojax.models.flops", "zerojax.analysis.formulas", "zerojax.serve", "zerojax.sim", "zerojax.cli")
 
 
 def part_of(module: str) -> str | None:

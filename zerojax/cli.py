@@ -8,7 +8,7 @@ other failure, including a bug in a user's model, exits 1 with its traceback.
 The choices of the options are the config's enumerations (`config.rules`). Only the commands
 that build a model import jax (train, analyze, export, generate, serve, report's analysis,
 memory --config), in their own bodies: `zerojax memory --params` and `zerojax formats` answer
-without it; only `serve` imports its extra (websockets, msgpack).
+without it; only `serve` and `rollout` import their extras (websockets, msgpack; metaworld, mujoco).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def build_parser() -> Parser:
                                                         "(a prompt, or a conversation on stdin), with a KV cache"))
     _serve_arguments(sub.add_parser("serve", help="a π0 run's policy over openpi's websocket protocol "
                                                   "(openpi's WebsocketClientPolicy connects to it)"))
+    _rollout_arguments(sub.add_parser("rollout", help="a π0 run (or the scripted expert) in closed loop on simulated "
+                                                      "tasks: success rate per task (the sim extra: Meta-World)"))
     _tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer (Hugging Face tokenizers)"))
     _report_arguments(sub.add_parser("report", help="one self-contained HTML page: format explorer, memory "
                                                     "calculator, the stages measured and the curves of runs"))
@@ -171,6 +173,33 @@ def _serve_arguments(serve: Parser) -> None:
                        "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
                        "attention heads, which its config.json does not name (default 16, So400m's)")
+
+
+def _rollout_arguments(rollout: Parser) -> None:
+    rollout.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a π0 run trained on a dataset "
+                         "scripts/collect_metaworld.py wrote (or its export); none with --policy expert")
+    rollout.add_argument("--env", required=True, metavar="KIND:TASKS", help="metaworld:TASK[,TASK...] (e.g. "
+                         "metaworld:reach-v3,drawer-close-v3)")
+    rollout.add_argument("--episodes", type=positive_int, default=50, metavar="N", help="seeded episodes per task "
+                         "(default 50)")
+    rollout.add_argument("--seed", type=int, default=100000, metavar="S", help="episode e starts from the env's "
+                         "reset(S + e) (default 100000: past the seeds collect_metaworld.py records from)")
+    rollout.add_argument("--policy", choices=["run", "expert"], default="run", help="run: RUN_DIR's π0 (default); "
+                         "expert: Meta-World's scripted expert, through the same loop")
+    rollout.add_argument("--n-action-steps", type=positive_int, metavar="N", help="actions executed from each chunk "
+                         "before the next is sampled (LeRobot's n_action_steps; default: the chunk's length)")
+    rollout.add_argument("--num-steps", type=positive_int, default=10, metavar="N",
+                         help="Euler steps of the flow from noise to actions (default 10, as π0's)")
+    rollout.add_argument("--max-steps", type=positive_int, metavar="N", help="cut episodes at N steps (default: the "
+                         "task's max_path_length, 500)")
+    rollout.add_argument("--size", type=positive_int, default=64, metavar="S", help="--policy expert: the camera's "
+                         "size for --video (a run uses its dataset's)")
+    rollout.add_argument("--video", metavar="DIR", help="write MP4s of the first --videos episodes of each task here")
+    rollout.add_argument("--videos", type=positive_int, default=2, metavar="K", help="episodes filmed per task "
+                         "(default 2)")
+    rollout.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    rollout.add_argument("--json", action="store_true", help="stdout: one JSON document")
 
 
 def _tokenizer_arguments(tokenizer: Parser) -> None:
@@ -434,6 +463,61 @@ def cmd_serve(args) -> int:
     return 0
 
 
+ENV_KINDS = ("metaworld",)
+
+
+def cmd_rollout(args) -> int:
+    kind, _, names = args.env.partition(":")
+    if kind not in ENV_KINDS or not names:
+        raise UsageError(f"--env {args.env!r}: give KIND:TASK[,TASK...] with KIND one of {', '.join(ENV_KINDS)} "
+                         "(e.g. metaworld:reach-v3,drawer-close-v3)")
+    if (args.policy == "run") != (args.run_dir is not None):
+        raise UsageError("give RUN_DIR (a π0 run) or --policy expert, not both" if args.run_dir else
+                         "give RUN_DIR (a π0 run), or --policy expert for Meta-World's scripted expert")
+    video_dir = Path(args.video) if args.video else None
+    if video_dir is not None and video_dir.exists() and not video_dir.is_dir():
+        raise UsageError(f"--video {args.video!r}: not a directory")
+    from zerojax import sim
+
+    sim.require()
+    from zerojax.sim import metaworld, rollout
+
+    tasks = [t for t in names.split(",") if t]
+    metaworld.check_tasks(tasks)
+    if args.policy == "expert":
+        policy, size, n_action_steps, where = rollout.expert, args.size, 1, "Meta-World's scripted expert"
+    else:
+        from zerojax.serve import policy as served_lib
+
+        served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
+        size = metaworld.check_features(served.features, served.where)
+        n_action_steps = args.n_action_steps or served.action["horizon"]
+        if n_action_steps > served.action["horizon"]:
+            raise UsageError(f"--n-action-steps {n_action_steps}: the run's chunks hold {served.action['horizon']} "
+                             "actions (model.action.horizon)")
+
+        def policy(obs, request, env):
+            return served.infer({k: v for k, v in obs.items() if k in served.expected_keys}, request)["actions"]
+
+        where = served.where
+    print(f"zerojax: rollout of {where} on {', '.join(tasks)}: {args.episodes} episodes each from seed {args.seed}, "
+          f"{n_action_steps} actions a chunk", file=sys.stderr)
+    start = time.perf_counter()
+    results = rollout.run(policy, tasks, args.episodes, args.seed, n_action_steps, size, video_dir, args.videos,
+                          args.max_steps, progress=not args.no_progress)
+    doc = rollout.summary(results)
+    print(f"zerojax: {len(tasks) * args.episodes} episodes in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for task, r in doc["tasks"].items():
+            print(f"{task:32s} {r['successes']:4d}/{r['episodes']:<4d} {100 * r['success_rate']:6.1f}%")
+        print(f"{'mean success rate':32s} {'':9s} {100 * doc['mean_success_rate']:6.1f}%")
+        if video_dir is not None:
+            print(f"videos: {video_dir}")
+    return 0
+
+
 def cmd_report(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
@@ -476,7 +560,7 @@ def cmd_tokenizer(args) -> int:
 
 COMMANDS = {"train": cmd_train, "generate": cmd_generate, "tokenizer": cmd_tokenizer, "memory": cmd_memory,
             "analyze": cmd_analyze, "plan": cmd_plan, "export": cmd_export,
-            "serve": cmd_serve, "formats": cmd_formats, "report": cmd_report}
+            "serve": cmd_serve, "rollout": cmd_rollout, "formats": cmd_formats, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,6 +133,10 @@ class ServedPolicy:
         raw.update({c: camera(c, obs[c]) for c in self.cameras})
         return raw
 
+    @property
+    def expected_keys(self) -> tuple:
+        return (STATE, *self.cameras, "prompt")
+
     def expected(self) -> str:
         return ", ".join([f"{STATE!r} [{self.state_dim}]", *(f"{c!r} uint8 [h, w, 3]" for c in self.cameras),
                           "'prompt' str"])
@@ -250,8 +254,8 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
 def check_family(saved: dict, where: str) -> None:
     family = saved["model"]["family"]
     if family not in FAMILIES:
-        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve serves policies: "
-                          f"a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
+        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve and rollout take "
+                          f"policies: a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
 
 
 # ---------------------------------------------------------------------------------------------

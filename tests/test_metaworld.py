@@ -1,0 +1,190 @@
+"""Meta-World in closed loop: scripts/collect_metaworld.py's episodes read back through
+`data.source=lerobot:DIR` equal what the environment produced, and `zerojax rollout` runs a
+tiny π0 (trained one step on them) and the scripted expert through seeded episodes. Skipped,
+with the reason, where MuJoCo or its headless OpenGL (OSMesa) cannot be had."""
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, TINY
+from zerojax import cli, config, sim
+from zerojax.data import sources
+from zerojax.errors import ConfigError
+
+TASK = "reach-v3"
+SIZE = 32  # the camera (collect_metaworld.py --size)
+
+
+def mujoco_or_skip():
+    try:
+        sim.require()
+        from zerojax.sim import metaworld
+
+        env = metaworld.Env(TASK, SIZE)
+        env.reset(0)
+        env.image()
+        return metaworld
+    except ConfigError as err:
+        pytest.skip(f"no Meta-World here: {err}")
+
+
+def collect_module():
+    spec = importlib.util.spec_from_file_location("collect_metaworld", ROOT / "scripts" / "collect_metaworld.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def metaworld():
+    return mujoco_or_skip()
+
+
+@pytest.fixture(scope="module")
+def collected(metaworld, tmp_path_factory):
+    """Two expert episodes of reach-v3 (seeds 0 and 1) written by the script, and the same
+    episodes as the environment plays them again here."""
+    out = tmp_path_factory.mktemp("mw") / "data"
+    collect = collect_module()
+    summary = collect.collect([TASK], 2, out, SIZE, 0, log=lambda *a, **k: None)
+    env = metaworld.Env(TASK, SIZE)
+    played = [collect.episode(env, seed) for seed in summary["seeds"][TASK]]
+    return out, summary, played
+
+
+# a π0 small enough to compile in seconds, reading the collected dataset
+PI0 = ["model.family=pi0", "model.vocab_size=256", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+       "model.n_kv_heads=1", "model.head_dim=8", "model.d_ff=32", "model.expert.d_model=16", "model.expert.d_ff=32",
+       "model.vision.image_size=8", "model.vision.patch_size=4", "model.vision.d_model=16", "model.vision.n_layers=1",
+       "model.vision.n_heads=2", "model.vision.d_ff=32", "model.action.horizon=4", "model.action.prompt_len=24",
+       "model.action.max_state_dim=40", "model.action.max_action_dim=4", "model.action.action_dim=4",
+       "data.image_size=8", "data.action_horizon=4", "data.prompt_len=24", "data.val_fraction=0",
+       "train.global_batch=8", "train.steps=1", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
+       "train.ckpt_every=1", "train.report=false", "zero.min_shard_size=64", "optim.warmup_steps=0"]
+
+
+def test_collected_episodes_read_back_as_the_environment_produced_them(collected):
+    out, summary, played = collected
+    assert summary["episodes"] == 2 and summary["seeds"] == {TASK: [0, 1]}
+    src = sources.open_source(config.load(overrides=[f"data.source=lerobot:{out}", *PI0]))
+    ds = src.source.dataset
+    assert ds.fps == 80 and ds.tasks == {0: "Reach a goal position"}
+    assert sorted(ds.episodes) == [0, 1] and len(ds.index) == sum(len(e["action"]) for e in played)
+    start = 0
+    for ep, episode in enumerate(played):
+        n = len(episode["action"])
+        assert ds.episodes[ep].stop - ds.episodes[ep].start == n
+        for t in sorted({0, 1, n // 2, n - 2, n - 1}):
+            item = ds.numbers(start + t, 4)
+            np.testing.assert_array_equal(item["observation.state"], episode["state"][t])
+            want = episode["action"][np.minimum(np.arange(t, t + 4), n - 1)]
+            np.testing.assert_array_equal(item["action"], want)
+            assert item["action_is_pad"].tolist() == [t + k >= n for k in range(4)]
+            assert item["task"] == "Reach a goal position"
+            pixels = ds.image("observation.images.corner2", start + t, src.source.video).astype(np.float64)
+            error = np.abs(pixels - episode["image"][t]).mean()
+            assert error < 6.0, (ep, t, error)  # AV1 at crf 30 (LeRobot's settings): lossy, a few levels a pixel
+        start += n
+
+
+@pytest.fixture(scope="module")
+def run_dir(collected, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mw") / "run"
+    assert cli.main(["train", "--no-progress", f"data.source=lerobot:{collected[0]}", *PI0,
+                     f"train.out_dir={out}"]) == 0
+    return out
+
+
+def rollout_json(argv, capsys) -> dict:
+    assert cli.main(["rollout", *argv, "--json", "--no-progress"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_a_rollout_of_a_tiny_pi0_counts_its_episodes_and_repeats_with_its_seed(run_dir, capsys, tmp_path):
+    argv = [str(run_dir), "--env", f"metaworld:{TASK},drawer-close-v3", "--episodes", "2", "--max-steps", "6",
+            "--n-action-steps", "3", "--num-steps", "2"]
+    doc = rollout_json([*argv, "--video", str(tmp_path / "videos"), "--videos", "1"], capsys)
+    assert set(doc) == {"tasks", "mean_success_rate"} and set(doc["tasks"]) == {TASK, "drawer-close-v3"}
+    for r in doc["tasks"].values():
+        assert set(r) == {"episodes", "successes", "success_rate"} and r["episodes"] == 2
+        assert 0 <= r["successes"] <= 2 and r["success_rate"] == r["successes"] / 2
+    assert doc["mean_success_rate"] == np.mean([r["success_rate"] for r in doc["tasks"].values()])
+    assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["drawer-close-v3-0.mp4", f"{TASK}-0.mp4"]
+
+
+@pytest.mark.slow
+def test_the_same_seed_gives_the_same_episodes_and_another_seed_others(run_dir):
+    from zerojax.serve import policy as served_lib
+    from zerojax.sim import rollout
+
+    served = served_lib.load(run_dir, num_steps=2, seed=0)
+
+    def episodes(seed):
+        seen = []
+
+        def policy(obs, request, env):
+            actions = served.infer({k: obs[k] for k in served.expected_keys}, request)["actions"]
+            seen.append((request, obs["observation.state"].copy(), actions))
+            return actions
+
+        rollout.run(policy, [TASK], 2, seed, 2, SIZE, max_steps=4, progress=False)
+        return seen
+
+    first, again, other = episodes(7), episodes(7), episodes(8)
+    assert [r for r, _, _ in first] == [0, 1, 100000, 100001]  # each episode's requests from e * 100000
+    for (_, s1, a1), (_, s2, a2) in zip(first, again):
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_array_equal(a1, a2)
+    assert not np.array_equal(first[0][1], other[0][1])  # another seed: other initial states
+
+
+def test_the_scripted_expert_succeeds_through_the_same_loop(metaworld, capsys):
+    doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "2"], capsys)
+    assert doc == {"tasks": {TASK: {"episodes": 2, "successes": 2, "success_rate": 1.0}}, "mean_success_rate": 1.0}
+
+
+def test_the_expert_fails_where_its_episodes_are_cut_short(metaworld, capsys):
+    doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "1", "--max-steps", "3"],
+                       capsys)
+    assert doc["tasks"][TASK] == {"episodes": 1, "successes": 0, "success_rate": 0.0}
+
+
+# -- bad input: one line, exit 2 ------------------------------------------------------------------
+
+def one_error_line(argv, capsys) -> str:
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
+    return err[0]
+
+
+def test_an_unknown_env_kind_or_task_is_refused(metaworld, capsys):
+    line = one_error_line(["rollout", "--policy", "expert", "--env", "libero:spatial"], capsys)
+    assert "'libero:spatial'" in line and "metaworld" in line
+    line = one_error_line(["rollout", "--policy", "expert", "--env", "metaworld:reach-v9"], capsys)
+    assert "unknown task 'reach-v9'" in line and "reach-v3" in line
+    assert "RUN_DIR" in one_error_line(["rollout", "--env", f"metaworld:{TASK}"], capsys)
+
+
+def test_no_mujoco_is_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "metaworld", None)  # as if the sim extra were not installed
+    line = one_error_line(["rollout", "--policy", "expert", "--env", f"metaworld:{TASK}"], capsys)
+    assert "pip install 'zerojax[sim]'" in line
+
+
+def test_a_run_that_is_not_pi0_or_not_of_metaworld_is_refused(metaworld, tmp_path, capsys):
+    out = tmp_path / "gpt"
+    assert cli.main(["train", "--no-progress", *TINY, "model.n_layers=1", "model.seq_len=8", "train.steps=1",
+                     "train.ckpt_every=1", "train.report=false", "train.global_batch=8", "mesh.data=1",
+                     "zero.stage=0", f"train.out_dir={out}"]) == 0
+    capsys.readouterr()
+    line = one_error_line(["rollout", str(out), "--env", f"metaworld:{TASK}"], capsys)
+    assert "is a gpt run (model.family=gpt)" in line
+    fixture = json.loads((ROOT / "tests" / "fixtures" / "lerobot" / "tiny" / "meta" / "info.json").read_text())
+    with pytest.raises(ConfigError, match="not trained on Meta-World's features"):
+        metaworld.check_features(fixture["features"], "a run")

@@ -1,0 +1,37 @@
+"""Closed-loop simulation: a π0 run (or a scripted expert) driving a simulated robot, scored by
+the environment's own success signal (`zerojax rollout`, docs/design.md "Closed loop").
+
+    metaworld.py  Meta-World's tasks as zerojax observes them: one camera and the state in,
+                  4 actions out; the scripted expert; LeRobot's instruction for each task
+    rollout.py    seeded episodes, action chunks executed n_action_steps at a time, success
+                  per task, MP4s of a few episodes
+    video.py      MP4 files written with PyAV (rollout videos, the collected datasets' cameras)
+
+Simulation needs the `sim` extra (metaworld, mujoco) and an OpenGL that renders without a
+display (OSMesa: Debian's libosmesa6): `require` checks both, so that nothing here is imported
+by `import zerojax`.
+"""
+
+import os
+
+from zerojax.errors import ConfigError
+
+EXTRA = ("mujoco", "metaworld")
+
+
+def require() -> None:
+    """ConfigError naming the install command where the sim extra or OSMesa is missing. MuJoCo
+    renders through OSMesa unless MUJOCO_GL names another backend (egl on a GPU machine)."""
+    import importlib
+
+    os.environ.setdefault("MUJOCO_GL", "osmesa")
+    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+    for name in EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ConfigError(f"zerojax rollout needs the {name} package (the sim extra): "
+                              "pip install 'zerojax[sim]'") from None
+        except Exception as err:  # mujoco's GL loader raises on import where OSMesa is missing
+            raise ConfigError(f"{name} does not load ({type(err).__name__}: {err}); MUJOCO_GL="
+                              f"{os.environ['MUJOCO_GL']} needs its library (OSMesa: apt-get install libosmesa6)") from None
