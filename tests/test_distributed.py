@@ -30,9 +30,20 @@ def env():
 
 
 def launch(processes, out, *args, timeout=300):
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "launch_local.sh"), str(processes), "--no-progress",
-                           *TINY, f"train.out_dir={out}", *args], env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    """launch_local.sh in a session of its own: past `timeout` the whole group is killed (the
+    script and every zerojax process it started), so a stuck run never outlives its test and
+    starves the next ones of CPU."""
+    cmd = ["bash", str(ROOT / "scripts" / "launch_local.sh"), str(processes), "--no-progress", *TINY,
+           f"train.out_dir={out}", *args]
+    with subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            stdout, stderr = popen.communicate()
+            pytest.fail(f"{processes} processes did not finish in {timeout} s:\n{stderr[-3000:]}")
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
