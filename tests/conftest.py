@@ -87,3 +87,13 @@ def export_initial_state(setup, state, run_dir, out, fmt: str = "hf"):
     mgr.close()
     assert cli.main(["export", str(run_dir), "--format", fmt, "--out", str(out)]) == 0
     return out
+
+
+def one_error_line(argv, capsys) -> str:
+    """`zerojax argv` refused as bad input: exit 2, one `zerojax: error:` line (returned)."""
+    from zerojax import cli
+
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
+    return err[0]

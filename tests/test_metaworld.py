@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, one_error_line
 from zerojax import cli, config, sim
 from zerojax.data import sources
 from zerojax.errors import ConfigError
@@ -155,13 +155,6 @@ def test_the_expert_fails_where_its_episodes_are_cut_short(metaworld, capsys):
 
 
 # -- bad input: one line, exit 2 ------------------------------------------------------------------
-
-def one_error_line(argv, capsys) -> str:
-    code = cli.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
-    return err[0]
-
 
 def test_an_unknown_env_kind_or_task_is_refused(metaworld, capsys):
     line = one_error_line(["rollout", "--policy", "expert", "--env", "libero:spatial"], capsys)

@@ -21,7 +21,7 @@ import websockets
 import websockets.sync.client
 from flax import nnx
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, one_error_line
 from zerojax import cli, config
 from zerojax.data import sources
 from zerojax.interop import safetensors as safetensors_io
@@ -320,13 +320,6 @@ def test_a_file_that_is_not_a_zerojax_policy_export_is_refused(exported, tmp_pat
 
 
 # -- bad command lines: one line, exit 2 -------------------------------------------------------------
-
-def one_error_line(argv, capsys) -> str:
-    code = cli.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
-    return err[0]
-
 
 def test_a_directory_without_checkpoints_is_refused(tmp_path, capsys):
     assert "holds no checkpoints/ directory" in one_error_line(["serve", str(tmp_path)], capsys)
