@@ -23,9 +23,18 @@ def require() -> None:
     """ConfigError naming the install command where the sim extra or OSMesa is missing. MuJoCo
     renders through OSMesa unless MUJOCO_GL names another backend (egl on a GPU machine)."""
     import importlib
+    import importlib.util
+    import sys
 
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+    # Both packages' presence first: a missing extra is named as such even where OSMesa is missing
+    # too (importing mujoco is what finds its GL library absent).
+    for name in EXTRA:
+        installed = sys.modules[name] is not None if name in sys.modules else importlib.util.find_spec(name) is not None
+        if not installed:
+            raise ConfigError(f"zerojax rollout needs the {name} package (the sim extra): "
+                              "pip install 'zerojax[sim]'")
     for name in EXTRA:
         try:
             importlib.import_module(name)

@@ -1,9 +1,17 @@
 """MP4 files written with PyAV, with LeRobot's encoder settings (lerobot.datasets.video_utils
 .encode_video_frames: libsvtav1, yuv420p, a key frame every 2 frames, crf 30), so that a
-dataset's videos decode as LeRobot's own do; libx264 where this PyAV has no SVT-AV1."""
+dataset's videos decode as LeRobot's own do; libx264 where this PyAV has no SVT-AV1.
+
+SVT-AV1 run as root (a container, CI) switches the thread that opens an encoder to real-time
+scheduling (SCHED_FIFO at priority 99), and its own worker threads inherit it. Left so, every
+thread and subprocess this process starts afterwards runs real-time too: a spin-waiting one then
+never yields its core (two jax.distributed processes started after a collection stalled for good).
+`write` puts back the scheduling each thread had before the encoder was opened.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -18,6 +26,39 @@ def codec() -> str:
     return next(c for c in CODECS if c in av.codecs_available)
 
 
+REALTIME = (getattr(os, "SCHED_FIFO", None), getattr(os, "SCHED_RR", None))
+
+
+def _threads() -> list[int]:
+    return [int(tid) for tid in os.listdir("/proc/self/task")]
+
+
+@contextlib.contextmanager
+def no_realtime_scheduling():
+    """Every thread of this process that a library moved to a real-time policy inside the block
+    goes back to the policy and priority the calling thread had when it entered (Linux; elsewhere
+    a no-op). Threads already real-time on entry, set so by the user, are left as they were."""
+    if not hasattr(os, "sched_getscheduler") or not os.path.isdir("/proc/self/task"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    before = {tid for tid in _threads() if _policy(tid) in REALTIME}
+    try:
+        yield
+    finally:
+        for tid in _threads():
+            if tid not in before and _policy(tid) in REALTIME:
+                with contextlib.suppress(OSError):  # the thread ended meanwhile
+                    os.sched_setscheduler(tid, policy, param)
+
+
+def _policy(tid: int) -> int | None:
+    try:
+        return os.sched_getscheduler(tid)
+    except OSError:  # the thread ended meanwhile
+        return None
+
+
 def write(path: Path, frames, fps: int, crf: int = 30, gop: int = 2) -> dict:
     """Encode RGB uint8 [h, w, 3] frames into `path`; the stream's facts as LeRobot's
     get_video_info writes them into meta/info.json."""
@@ -27,16 +68,15 @@ def write(path: Path, frames, fps: int, crf: int = 30, gop: int = 2) -> dict:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = codec()
-    with av.open(str(path), "w") as out:
+    with no_realtime_scheduling(), av.open(str(path), "w") as out:
         stream = out.add_stream(name, fps, options={"g": str(gop), "crf": str(crf)})
         stream.pix_fmt = "yuv420p"
-        first = True
-        for frame in frames:
+        for n, frame in enumerate(frames):
             frame = np.ascontiguousarray(frame, np.uint8)
-            if first:
+            if n == 0:
                 stream.height, stream.width = frame.shape[:2]
-                first = False
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            with no_realtime_scheduling() if n == 0 else contextlib.nullcontext():  # the encoder opens here:
+                out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))  # its threads too
         out.mux(stream.encode())
         height, width = stream.height, stream.width
     with av.open(str(path)) as done:
