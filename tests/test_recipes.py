@@ -247,10 +247,10 @@ def test_the_ema_on_8_devices_at_stage_3_is_one_devices(by_hand, tmp_path):
         np.testing.assert_allclose(got[p], mine[p], rtol=1e-6, atol=1e-7, err_msg=p)
     # And one device's EMA, as far as the masters agree: fp32 sums reordered, which Adam's
     # lr·m/(sqrt(v) + eps) can magnify on an element whose gradient is near 0 (measured: 5e-7 on
-    # one element in 1536). The EMA is a convex combination of the masters (weights summing to 1),
-    # so it can differ by no more than they do at some step.
+    # one element in 1536 with jax 0.10, 3.2e-6 with jax 0.12). The EMA is a convex combination of
+    # the masters (weights summing to 1), so it can differ by no more than they do at some step.
     bound = max(np.abs(m8[p] - m1[p]).max() for m8, m1 in zip(masters, by_hand[1]) for p in one)
-    assert bound < 1e-3 * PI0_LR  # the masters agree, up to that magnification
+    assert bound < 1e-2 * PI0_LR  # the masters agree, up to that magnification (a wrong step: ~lr)
     for p in one:
         assert np.abs(got[p] - one[p]).max() <= bound * (1 + 1e-6) + 1e-8, p
 
