@@ -37,28 +37,18 @@ def _test_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-REALTIME = {getattr(os, "SCHED_FIFO", None), getattr(os, "SCHED_RR", None)} - {None}
-
-
 @pytest.fixture(autouse=True)
 def _no_realtime_left_behind():
     """A test that leaves this worker on a real-time scheduling policy (a library that raised it,
     as SVT-AV1 does as root) errors here and the worker is put back: left so, every later
     subprocess inherits it and a spin-waiting one never yields its core."""
     yield
-    if not hasattr(os, "sched_getscheduler"):
-        return
-    raised = [tid for tid in os.listdir("/proc/self/task") if _policy(int(tid)) in REALTIME]
+    from zerojax.sim import video
+
+    raised = video.realtime_threads()
     for tid in raised:
         try:
-            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except OSError:  # the thread ended meanwhile
             pass
     assert not raised, f"the test left {len(raised)} of this worker's threads on a real-time scheduling policy"
-
-
-def _policy(tid: int) -> int | None:
-    try:
-        return os.sched_getscheduler(tid)
-    except OSError:
-        return None

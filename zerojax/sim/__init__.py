@@ -33,14 +33,16 @@ def require() -> None:
     for name in EXTRA:
         installed = sys.modules[name] is not None if name in sys.modules else importlib.util.find_spec(name) is not None
         if not installed:
-            raise ConfigError(f"zerojax rollout needs the {name} package (the sim extra): "
-                              "pip install 'zerojax[sim]'")
+            raise _missing(name)
     for name in EXTRA:
         try:
             importlib.import_module(name)
-        except ImportError:
-            raise ConfigError(f"zerojax rollout needs the {name} package (the sim extra): "
-                              "pip install 'zerojax[sim]'") from None
+        except ImportError:  # one of its own dependencies
+            raise _missing(name) from None
         except Exception as err:  # mujoco's GL loader raises on import where OSMesa is missing
             raise ConfigError(f"{name} does not load ({type(err).__name__}: {err}); MUJOCO_GL="
                               f"{os.environ['MUJOCO_GL']} needs its library (OSMesa: apt-get install libosmesa6)") from None
+
+
+def _missing(name: str) -> ConfigError:
+    return ConfigError(f"zerojax rollout needs the {name} package (the sim extra): pip install 'zerojax[sim]'")

@@ -12,6 +12,7 @@ never yields its core (two jax.distributed processes started after a collection 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from pathlib import Path
 
@@ -26,11 +27,19 @@ def codec() -> str:
     return next(c for c in CODECS if c in av.codecs_available)
 
 
-REALTIME = (getattr(os, "SCHED_FIFO", None), getattr(os, "SCHED_RR", None))
+REALTIME = {getattr(os, "SCHED_FIFO", None), getattr(os, "SCHED_RR", None)} - {None}
 
 
-def _threads() -> list[int]:
-    return [int(tid) for tid in os.listdir("/proc/self/task")]
+def realtime_threads() -> set[int]:
+    """The ids of this process's threads on a real-time scheduling policy (Linux; elsewhere none)."""
+    if not hasattr(os, "sched_getscheduler") or not os.path.isdir("/proc/self/task"):
+        return set()
+    found = set()
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            if os.sched_getscheduler(tid) in REALTIME:
+                found.add(tid)
+    return found
 
 
 @contextlib.contextmanager
@@ -38,25 +47,17 @@ def no_realtime_scheduling():
     """Every thread of this process that a library moved to a real-time policy inside the block
     goes back to the policy and priority the calling thread had when it entered (Linux; elsewhere
     a no-op). Threads already real-time on entry, set so by the user, are left as they were."""
-    if not hasattr(os, "sched_getscheduler") or not os.path.isdir("/proc/self/task"):
+    if not hasattr(os, "sched_getscheduler"):
         yield
         return
     policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-    before = {tid for tid in _threads() if _policy(tid) in REALTIME}
+    before = realtime_threads()
     try:
         yield
     finally:
-        for tid in _threads():
-            if tid not in before and _policy(tid) in REALTIME:
-                with contextlib.suppress(OSError):  # the thread ended meanwhile
-                    os.sched_setscheduler(tid, policy, param)
-
-
-def _policy(tid: int) -> int | None:
-    try:
-        return os.sched_getscheduler(tid)
-    except OSError:  # the thread ended meanwhile
-        return None
+        for tid in realtime_threads() - before:
+            with contextlib.suppress(OSError):  # the thread ended meanwhile
+                os.sched_setscheduler(tid, policy, param)
 
 
 def write(path: Path, frames, fps: int, crf: int = 30, gop: int = 2) -> dict:
@@ -68,15 +69,17 @@ def write(path: Path, frames, fps: int, crf: int = 30, gop: int = 2) -> dict:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = codec()
-    with no_realtime_scheduling(), av.open(str(path), "w") as out:
+    frames = iter(frames)
+    first = np.ascontiguousarray(next(frames), np.uint8)
+    with av.open(str(path), "w") as out:
         stream = out.add_stream(name, fps, options={"g": str(gop), "crf": str(crf)})
         stream.pix_fmt = "yuv420p"
-        for n, frame in enumerate(frames):
+        stream.height, stream.width = first.shape[:2]
+        with no_realtime_scheduling():  # SVT-AV1 raises this thread, and starts its own, here
+            stream.codec_context.open()
+        for frame in itertools.chain([first], frames):
             frame = np.ascontiguousarray(frame, np.uint8)
-            if n == 0:
-                stream.height, stream.width = frame.shape[:2]
-            with no_realtime_scheduling() if n == 0 else contextlib.nullcontext():  # the encoder opens here:
-                out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))  # its threads too
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         out.mux(stream.encode())
         height, width = stream.height, stream.width
     with av.open(str(path)) as done:
