@@ -1,13 +1,13 @@
 """A π0 data source of the test's own (`data.source=pi0_source:build`): random cameras, prompts,
 states and action chunks, with flow matching's noise and time per (seed, split, step, row)
-(`zerojax.data.flow`), in the batch `zerojax.models.pi0` reads."""
+(`zerojax.models.pi0_batch.noise_and_time`), in the batch `zerojax.models.pi0` reads."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
 from zerojax import data
-from zerojax.data import flow
+from zerojax.models.pi0_batch import noise_and_time
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class Robot:
             for k, v in one.items():
                 out[k].append(v)
         batch = {k: np.stack(v) for k, v in out.items()}
-        batch["noise"], batch["time"] = flow.noise_and_time(seed, split, step, index, m.action.horizon,
-                                                            m.action.max_action_dim)
+        batch["noise"], batch["time"] = noise_and_time(seed, split, step, index, m.action.horizon,
+                                                       m.action.max_action_dim)
         return batch
 
 

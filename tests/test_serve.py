@@ -384,9 +384,9 @@ def test_a_lerobot_checkpoint_answers_as_lerobots_select_action(lerobot_served, 
                                    "observation.images.cam0": {"shape": [28, 28, 3], "dtype": "uint8"},
                                    "observation.images.cam1": {"shape": [28, 28, 3], "dtype": "uint8"},
                                    "prompt": {"dtype": "str"}}
-    assert (meta["action_horizon"], meta["action_dim"]) == (4, 3) and "LeRobot 0.3 π0 checkpoint" in meta["run"]
+    assert (meta["action_horizon"], meta["action_dim"]) == (4, 3) and "LeRobot 0.3 pi0 checkpoint" in meta["run"]
     for b, o in enumerate(obs):  # normalized, padded top-left as 0.3.x pads, tokenized, sampled, unnormalized
-        actions = lerobot_served.infer(o, 0, noise=ref["noise"][b:b + 1])["actions"]
+        actions = lerobot_served.actions(lerobot_served.batch(o), ref["noise"][b:b + 1])
         np.testing.assert_allclose(actions, ref["actions"][b], rtol=1e-5, atol=1e-5)
 
 
@@ -398,13 +398,13 @@ def test_a_lerobot_04_checkpoint_reads_its_processor_files_and_centres_its_paddi
                  *(LEROBOT / "pi0_processors").iterdir()]:
         shutil.copy(path, new)
     served = policy.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
-    assert "LeRobot 0.4 π0 checkpoint" in served.where and not served.pad_before and lerobot_served.pad_before
+    assert "LeRobot 0.4 pi0 checkpoint" in served.where and not served.pad_before and lerobot_served.pad_before
     assert {k: v["mode"] for k, v in served.norms.items()} == {k: v["mode"] for k, v in lerobot_served.norms.items()}
     obs, ref = lerobot_reference
     square = {**obs[0], "observation.images.cam0": obs[0]["observation.images.cam1"]}  # nothing to pad
     noise = ref["noise"][:1]
-    np.testing.assert_allclose(served.infer(square, 0, noise=noise)["actions"],
-                               lerobot_served.infer(square, 0, noise=noise)["actions"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(served.actions(served.batch(square), noise),
+                               lerobot_served.actions(lerobot_served.batch(square), noise), rtol=1e-6, atol=1e-6)
 
 
 def test_a_lerobot_checkpoint_without_its_tokenizer_or_statistics_is_refused(run_dir, tmp_path, capsys):

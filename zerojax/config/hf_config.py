@@ -66,14 +66,39 @@ def lerobot_dir(directory) -> bool:
     return where.is_file() and is_lerobot(read_json_object(where, "a config"))
 
 
+LEROBOT, HUGGING_FACE, EXPORT = "lerobot", "hf", "export"  # what model.init_from can name
+
+
+def init_source(init_from) -> str:
+    """What `model.init_from` names, decided here alone: a LeRobot policy directory (config.json
+    with "type"), a Hugging Face model directory, or a file (a `zerojax export`); ConfigError if
+    there is nothing there. Its files are read and checked by their readers."""
+    path = Path(init_from)
+    if path.is_dir():
+        return LEROBOT if lerobot_dir(path) else HUGGING_FACE
+    if not path.is_file():
+        raise ConfigError(f"model.init_from={str(init_from)!r}: no such file or directory")
+    return EXPORT
+
+
+def safetensors_header(path: Path) -> tuple[dict, int]:
+    """(the header of a safetensors file, tensor name -> {dtype, shape, data_offsets} and
+    "__metadata__", where its data starts); OSError, ValueError or struct.error if it is not one."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))  # (struct.error if the file is shorter than 8 bytes)
+        if n > size - 8:  # any other file's first 8 bytes make a huge length: do not try to read it
+            raise ValueError(f"its first 8 bytes give a header of {n:,} bytes, the file has {size:,}")
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
+    return header, 8 + n
+
+
 def tensor_shapes(path: Path) -> dict:
     """name -> shape from a safetensors file's header (ConfigError if it is not one)."""
     try:
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > path.stat().st_size - 8:
-                raise ValueError(f"its first 8 bytes give a header of {n:,} bytes")
-            header = json.loads(f.read(n))
+        header, _ = safetensors_header(path)
         return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
     except (OSError, ValueError, struct.error, KeyError, TypeError, AttributeError) as err:
         raise ConfigError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None

@@ -89,7 +89,7 @@ class ActionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    family: str = "gpt"  # gpt | llama | gemma | paligemma | pi0 | module:factory (a model of your own, README "Bring your own model")
+    family: str = registry.DEFAULT  # gpt | llama | gemma | paligemma | pi0 | module:factory (a model of your own, README "Bring your own model")
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (units of the FSDP schedule)
@@ -131,8 +131,7 @@ class ModelConfig:
         if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
                               f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
-        if self.family in registry.FAMILIES:  # the family's own rules (imports its module, and jax)
-            registry.family_module(self.family).check_config(self)
+        registry.check_config(self)  # a built-in family's own rules (imports its module, and jax)
 
 
 def is_factory(source: str) -> bool:

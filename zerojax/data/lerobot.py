@@ -1,7 +1,7 @@
 """LeRobot datasets as a data source: `data.source=lerobot:DIR` (codebase v3.0, as LeRobot 0.4
 writes it, and v2.1, as LeRobot 0.3 does), read with pyarrow, PyAV and Pillow; no torch.
 
-The batch, what a policy such as pi0 reads (B = train.global_batch, H = data.action_horizon,
+The batch of the dataset's features (B = train.global_batch, H = data.action_horizon,
 L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action's widths):
 
     observation.state         float32 [B, D_s]      the frame's state, normalized (data.norm_state)
@@ -22,8 +22,9 @@ Each row is one frame, as LeRobot's `LeRobotDataset.__getitem__` gives it with
 `action_is_pad`), normalized as LeRobot's `NormalizerProcessorStep` does (eps 1e-8), its
 images mapped to [-1, 1] and then resized with a -1 pad (openpi's `resize_with_pad`, in openpi's
 order; LeRobot 0.4 resizes the [0, 1] pixels with a -1 pad first and maps them after, leaving -3
-in the pad), its prompt as pi0's (the task and a newline, padded to the right). tests/test_lerobot.py checks these
-against LeRobot's own output.
+in the pad), its prompt as LeRobot's newline processor writes it (the task and a newline, padded to
+the right). tests/test_lerobot.py checks these against LeRobot's own output. A policy family reads
+these features through its adapter (`family.PolicyAdapter`, applied by `data.sources`).
 
 Frames: for step s the rows are frames drawn uniformly from the split's episodes by a generator
 seeded with (train.seed, split, s), so the batch is a pure function of (seed, split, s); each
@@ -50,15 +51,12 @@ from zerojax.data import corpus as corpus_lib
 from zerojax.data import lerobot_frames as frames
 from zerojax.data import lerobot_meta as meta
 from zerojax.data import lerobot_v21
-from zerojax.data.sources import Field
 from zerojax.errors import ConfigError
+from zerojax.models.family import ACTION, CAMERA, STATE, Field
 
 VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
-STATE, ACTION = "observation.state", "action"
-CAMERA = "observation.images."
 EPS = 1e-8  # NormalizerProcessorStep's default eps
-POLICY_FAMILIES = ("pi0",)  # families that read a policy's batch (data/policy.py), not these features
 
 
 def root_of(cfg) -> Path:
@@ -98,18 +96,6 @@ def cameras_of(cfg, info: dict) -> list[str]:
 
 
 def spec(cfg) -> dict:
-    """The batch (module docstring), from meta/info.json alone; a policy family's
-    (`data/policy.py`) for model.family=pi0."""
-    lerobot_spec = dataset_spec(cfg)
-    if cfg.model.family in POLICY_FAMILIES:
-        from zerojax.data import policy
-
-        policy.check(cfg, lerobot_spec)
-        return policy.spec(cfg, lerobot_spec)
-    return lerobot_spec
-
-
-def dataset_spec(cfg) -> dict:
     """The batch of the dataset's own features (module docstring), from meta/info.json alone."""
     info = read_info(root_of(cfg))
     features = info["features"]
@@ -133,13 +119,7 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    source = LeRobotSource(dataset, dataset_spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
-    if cfg.model.family in POLICY_FAMILIES:
-        from zerojax.data import policy
-
-        policy.check(cfg, source.spec())
-        return policy.PolicyRows(source, cfg)
-    return source
+    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
 
 
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
@@ -170,7 +150,7 @@ def unnormalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
 
 
 def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """pi0's prompt: the task and a newline (Pi0NewLineProcessor), truncated to `length` tokens and
+    """The prompt: the task and a newline (LeRobot's Pi0NewLineProcessor), truncated to `length` tokens and
     padded with 0 on the right; its mask."""
     text = task if task.endswith("\n") else task + "\n"
     ids = tokenizer.encode(text).ids if tokenizer is not None else list(text.encode("utf-8"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,13 +29,7 @@ from zerojax.config.sections import is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 from zerojax.models import registry
-
-
-class Field(NamedTuple):
-    """One leaf of a batch spec: the global shape, batch axis first, and a numpy dtype name."""
-
-    shape: tuple[int, ...]
-    dtype: str
+from zerojax.models.family import Field  # noqa: F401 - a batch spec's leaf, named here for sources
 
 
 class Source(Protocol):
@@ -49,7 +43,6 @@ class Source(Protocol):
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
 KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot", "images": "zerojax.data.images",
          "chat": "zerojax.data.chat"}
-VISION_FAMILIES = ("paligemma",)  # model families whose rows (.jsonl / .parquet) are images and text
 
 
 def kind_of(cfg) -> str:
@@ -62,25 +55,42 @@ def kind_of(cfg) -> str:
     if is_factory(cfg.data.source):
         return "custom"
     if is_rows(cfg.data.source):
-        return "images" if cfg.model.family in VISION_FAMILIES else "chat"
+        return "images" if registry.is_vision_language(cfg.model.family) else "chat"
     return "tokens"
 
 
 def batch_spec(cfg):
     """The global batch the config's source yields (a pytree of Field), from the config alone
-    (a source of the user's own is opened to ask it)."""
+    (a source of the user's own is opened to ask it). A policy family reads a LeRobot source
+    through its adapter (`family.PolicyAdapter`): its own batch of the dataset's features."""
     kind = kind_of(cfg)
     if kind == "custom":
         return open_source(cfg).spec()
-    return importlib.import_module(KINDS[kind]).spec(cfg)
+    spec = importlib.import_module(KINDS[kind]).spec(cfg)
+    adapter = registry.adapter(cfg.model.family) if kind == "lerobot" else None
+    return adapter.rows(_SpecOnly(spec), cfg).spec() if adapter is not None else spec
 
 
 def open_source(cfg) -> Source:
-    """The config's source, opened (bad input surfaces here, as ConfigError)."""
+    """The config's source, opened (bad input surfaces here, as ConfigError); a policy family's
+    LeRobot source through its adapter, as `batch_spec`."""
     kind = kind_of(cfg)
     if kind == "custom":
         return custom_source(cfg)
-    return importlib.import_module(KINDS[kind]).open(cfg)
+    source = importlib.import_module(KINDS[kind]).open(cfg)
+    adapter = registry.adapter(cfg.model.family) if kind == "lerobot" else None
+    return adapter.rows(source, cfg) if adapter is not None else source
+
+
+@dataclass(frozen=True)
+class _SpecOnly:
+    """A source known by its spec alone (`batch_spec` reads no file): what an adapter's spec needs."""
+
+    features: dict
+    vocab_size: int = 0
+
+    def spec(self) -> dict:
+        return self.features
 
 
 def custom_source(cfg) -> Source:

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from zerojax import data
-from zerojax.config import ModelConfig, hf_model_keys, lerobot_dir
+from zerojax.config import ModelConfig, hf_model_keys
+from zerojax.config.hf_config import HUGGING_FACE, LEROBOT, init_source
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
@@ -121,22 +122,21 @@ def sharded_params(ckpt: Checkpoint, table: dict, plan: plan_lib.Plan, mesh, sta
     return jax.tree.map(build, plan.leaves if all_leaves else base_leaves(plan))
 
 
-def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
-    """(checkpoint, name table, stacked names) of `model.init_from`, checked against the plan
-    from the files' headers alone (ConfigError if anything is missing or misshapen): a Hugging
-    Face directory, or one safetensors file of zerojax parameter paths (`zerojax export`)."""
-    path = Path(init_from)
-    if path.is_dir() and lerobot_dir(path):  # a LeRobot policy: its family's LeRobot names
+def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
+    """(checkpoint, name table, stacked names) of `model.init_from` (what it names:
+    `config.init_source`), checked against the plan from the files' headers alone (ConfigError if
+    anything is missing or misshapen): a LeRobot policy directory, a Hugging Face directory, or
+    one safetensors file of zerojax parameter paths (`zerojax export`)."""
+    path, kind = Path(init_from), init_source(init_from)
+    if kind == LEROBOT:  # a LeRobot policy: its family's LeRobot names
         ckpt, table = Checkpoint([path / "model.safetensors"], init_from), registry.lerobot_layout(family).tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
-    if path.is_dir():
+    if kind == HUGGING_FACE:
         layout = registry.hf_layout(family)
         ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
-    if not path.is_file():
-        raise ConfigError(f"model.init_from={init_from!r}: no such file or directory")
     ckpt = Checkpoint([path], init_from)
     table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
     check(ckpt, plan, table, ())  # zerojax's own files keep the layer axis
@@ -145,7 +145,7 @@ def init_source(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple
 
 def init_params(init_from: str, plan: plan_lib.Plan, mesh, family: str, stacked: tuple[str, ...]):
     """`model.init_from`'s weights, built straight into the plan's sharded master layout."""
-    ckpt, table, layered = init_source(init_from, plan, family, stacked)
+    ckpt, table, layered = init_checkpoint(init_from, plan, family, stacked)
     return sharded_params(ckpt, table, plan, mesh, layered)
 
 

@@ -4,7 +4,7 @@
 In: `model.init_from=DIR`. The model keys come from config.json and the tensors' shapes
 (`config.hf_config.lerobot_model_keys`, through the family's `LEROBOT` layout: LeRobot's
 config.json does not name the sizes); the tensors are read into the sharded master layout slice
-by slice as for Hugging Face (`interop.hf.init_source`). The normalization statistics: LeRobot
+by slice as for Hugging Face (`interop.hf.init_checkpoint`). The normalization statistics: LeRobot
 0.3.x keeps them as buffers in model.safetensors (`normalize_inputs.buffer_observation_state.mean`,
 `normalize_targets.buffer_action.std`, ...), LeRobot 0.4.x in its processors' files
 (policy_preprocessor.json, whose `normalizer_processor` step names a safetensors file of
@@ -28,16 +28,19 @@ it they are left out, which LeRobot's non-strict load accepts (they stay at thei
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from zerojax.config import hf_model_keys, lerobot_dir, read_json_object
+from zerojax.config import hf_model_keys, read_json_object
+from zerojax.config.hf_config import LEROBOT, init_source
 from zerojax.errors import ConfigError
+from zerojax.data.lerobot_meta import STAT_KEYS
 from zerojax.models import registry
+from zerojax.models.family import ACTION, CAMERA, STATE
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
-SO400M_HEADS = 16  # SigLIP So400m/14, π0's tower
 # model.safetensors' metadata in an export: zerojax trains with openpi's centred image padding,
 # LeRobot 0.3.x pads top and left, so `zerojax serve` of the export knows which it learnt with.
 PADDING_KEY, CENTRED = "zerojax.image_padding", "centre"
@@ -48,6 +51,7 @@ BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output
            ("unnormalize_outputs", "output_features"))
 MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
 DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot's
+LEROBOT_MODES = {lerobot: data for data, lerobot in DATA_MODES.items()}  # and back
 
 
 def read_config(directory: Path) -> dict:
@@ -118,6 +122,37 @@ def read_stats(directory) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class PolicyDir:
+    """What a LeRobot policy directory says of the data its policy reads (`read_policy`): the
+    features and normalization as a run's lerobot.json holds them, the square image side, the
+    prompt's tokens, LeRobot's version (0.3 keeps its statistics as buffers, 0.4 in processor
+    files) and whether its images were padded top and left (0.3.x) rather than centred."""
+
+    config: dict
+    features: dict
+    norms: dict
+    image_size: int
+    prompt_len: int | None  # tokenizer_max_length (None: the model's)
+    version: str
+    pad_before: bool
+
+
+def read_policy(directory) -> PolicyDir:
+    """The `PolicyDir` of a LeRobot policy directory (ConfigError naming what it lacks)."""
+    directory = Path(directory)
+    where, config = str(directory), read_config(directory)
+    features, norms = features_of(config, read_stats(directory), where)
+    resize = config.get("resize_imgs_with_padding")
+    if resize is None or len(set(resize)) != 1:
+        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}; zerojax serves policies whose "
+                          "images are resized to a square (LeRobot's default [224, 224])")
+    prompt_len = config.get("tokenizer_max_length")
+    return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
+                     "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3",
+                     image_padding(directory) == "before")
+
+
 def init_files(directory) -> dict:
     """RUN_DIR/lerobot_init/'s files (name -> bytes) for a run that starts from a LeRobot
     checkpoint: its config.json as it is, and its statistics (`read_stats`)."""
@@ -161,19 +196,55 @@ def _data_config(data: dict, image_size: int) -> dict:
     """config.json's features and normalization_mapping for the run's LeRobot dataset."""
     inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
     for key, feature in data["features"].items():
-        if key == "action":
+        if key == ACTION:
             outputs[key] = {"type": "ACTION", "shape": [int(feature["shape"][-1])]}
-        elif key == "observation.state":
+        elif key == STATE:
             inputs[key] = {"type": "STATE", "shape": [int(feature["shape"][-1])]}
         else:
             inputs[key] = {"type": "VISUAL", "shape": [3, image_size, image_size]}
-    for key, kind in (("observation.state", "STATE"), ("action", "ACTION")):
+    for key, kind in ((STATE, "STATE"), (ACTION, "ACTION")):
         mode = data["modes"].get(key, "identity")
         if mode not in DATA_MODES:
             raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
                               f"{', '.join(DATA_MODES)} only, so --format lerobot cannot write it")
         mapping[kind] = DATA_MODES[mode]
     return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping}
+
+
+def features_of(config: dict, stats: dict, where: str) -> tuple[dict, dict]:
+    """(features, normalization) as lerobot.json holds them, from a LeRobot policy's config.json
+    (input_features, output_features, normalization_mapping) and its statistics: the reverse of
+    `_data_config`."""
+    inputs, outputs = config.get("input_features") or {}, config.get("output_features") or {}
+    kinds = {k: f.get("type") for k, f in {**inputs, **outputs}.items()}
+    want = {STATE: "STATE", ACTION: "ACTION"}
+    for key, kind in want.items():
+        if kinds.get(key) != kind:
+            raise ConfigError(f"{where}/config.json: no {kind} feature {key!r} (its features: {sorted(kinds)}); "
+                              f"zerojax serves policies of {STATE!r}, {ACTION!r} and {CAMERA}<camera> images")
+    odd = [k for k, kind in kinds.items() if k not in want and (kind != "VISUAL" or not k.startswith(CAMERA))]
+    if odd:
+        raise ConfigError(f"{where}/config.json: features {odd} are not {STATE!r}, {ACTION!r} or {CAMERA}<camera> "
+                          "images, which zerojax serves")
+    features = {}
+    for key, f in {**inputs, **outputs}.items():
+        shape = list(f["shape"])
+        features[key] = {"shape": shape[1:] + shape[:1] if kinds[key] == "VISUAL" else shape,  # CHW -> HWC frames
+                         "dtype": "video" if kinds[key] == "VISUAL" else "float32"}
+    mapping = config.get("normalization_mapping") or {}
+    norms = {}
+    for key in (STATE, ACTION):
+        mode = LEROBOT_MODES.get(mapping.get(kinds[key], "IDENTITY"))
+        if mode is None:
+            raise ConfigError(f"{where}/config.json: normalization_mapping {kinds[key]}={mapping[kinds[key]]!r}; "
+                              f"zerojax applies {', '.join(LEROBOT_MODES)}")
+        need = STAT_KEYS[mode]
+        missing = [s for s in need if s not in stats.get(key, {})]
+        if missing:
+            raise ConfigError(f"{where}: no {key} {'/'.join(missing)} statistics (normalization {mode}); the checkpoint "
+                              "holds none (0.3.x: buffers in model.safetensors; 0.4.x: its processor files)")
+        norms[key] = {"mode": mode, **{s: stats[key][s] for s in need}}
+    return features, norms
 
 
 def stat_tensors(config: dict, stats: dict) -> dict:
@@ -243,7 +314,8 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
 def _unused_tensors(init_from: str, written: set) -> dict:
     """name -> shape of the tensors of the LeRobot checkpoint the run started from that the
     export writes no other way (not the model's, not statistics): {} if it is not there."""
-    if not init_from or not lerobot_dir(init_from) or not (Path(init_from) / "model.safetensors").is_file():
+    if (not init_from or not Path(init_from).exists() or init_source(init_from) != LEROBOT
+            or not (Path(init_from) / "model.safetensors").is_file()):
         return {}
     shapes = Checkpoint([Path(init_from) / "model.safetensors"], init_from).shapes
     stats = tuple(f"{module}." for module, _ in BUFFERS)
@@ -254,9 +326,10 @@ def _unused_tensors(init_from: str, written: set) -> dict:
 # The Python API: one device, fp32.
 
 
-def load(directory, vision_heads: int = SO400M_HEADS):
-    """(cfg, model): a LeRobot π0 directory's ModelConfig and its model on one device, in fp32,
-    each tensor read through the same path as `model.init_from`."""
+def load(directory, vision_heads: int | None = None):
+    """(cfg, model): a LeRobot policy directory's ModelConfig and its model on one device, in fp32,
+    each tensor read through the same path as `model.init_from`. `vision_heads`: the tower's
+    head count, which no tensor's shape holds (None: the family's layout's default)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -269,7 +342,8 @@ def load(directory, vision_heads: int = SO400M_HEADS):
 
     directory = str(directory)
     read_config(Path(directory))
-    cfg = ModelConfig(**hf_model_keys(directory, {"vision": {"n_heads": vision_heads}}), init_from=directory)
+    given = {"vision": {"n_heads": vision_heads}} if vision_heads else {}
+    cfg = ModelConfig(**hf_model_keys(directory, given), init_from=directory)
     model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), seed=0))
     units = Units.of(model)
     plan = plan_lib.make_plan(nnx.to_pure_dict(nnx.state(model, nnx.Param)), 0, 1, 0, stacked=units.names)

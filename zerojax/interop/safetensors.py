@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+
+from zerojax.config.hf_config import safetensors_header
 from zerojax.errors import ConfigError
 
 
@@ -32,13 +34,9 @@ class SafetensorsFile:
 
     def __init__(self, path: Path):
         size = path.stat().st_size
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))  # (struct.error if the file is shorter than 8 bytes)
-            if n > size - 8:  # any other file's first 8 bytes make a huge length: do not try to read it
-                raise ValueError(f"its first 8 bytes give a header of {n:,} bytes, the file has {size:,}")
-            header = json.loads(f.read(n))
+        header, self.start = safetensors_header(path)
         self.metadata = header.pop("__metadata__", None) or {}  # str -> str (zerojax's export: export.py)
-        self.path, self.start, self.header = path, 8 + n, header
+        self.path, self.header = path, header
         for name, entry in header.items():
             if entry["dtype"] not in READ_DTYPES:
                 raise ValueError(f"tensor {name} has dtype {entry['dtype']}; zerojax reads {', '.join(READ_DTYPES)}")

@@ -1,21 +1,44 @@
-"""What a built-in family declares besides its modules: its Hugging Face layout (docs/design.md,
-"Adding a family"). No jax here: config reads a family's architectures and checks, and the
-generic converter in `zerojax.interop.hf` its tables, through `zerojax.models.registry`.
+"""What a built-in family declares (docs/design.md, "Adding a family"), as torchtitan's
+`ModelSpec` does: one `Family` record, `FAMILY` in the family's module, which
+`zerojax.models.registry` reads. No jax here.
 
-A family module (`models/gpt.py`, `models/llama.py`) holds
+    FAMILY = Family(
+        kind=POLICY,                  # LANGUAGE_MODEL | VISION_LANGUAGE | POLICY: what the rest of
+                                      # zerojax asks of it (which rows it reads, what serve takes)
+        build=build,                  # build(*, cfg, policy, rngs): the factory (a user's module:factory's signature)
+        check_config=check_config,    # its rules on a ModelConfig (ConfigError), beyond the generic ones
+        hf=HfLayout(...),             # optional: its Hugging Face architectures, config.json keys, tensor table
+        lerobot=LeRobotLayout(...),   # optional: its LeRobot policy type, model keys, tensor table
+        adapter=PolicyAdapter(...),   # a policy: observation features -> its batch (training, serve, rollout)
+    )
 
-    build(*, cfg, policy, rngs)   the factory (the same signature as a user's module:factory)
-    check_config(cfg)             its rules on a ModelConfig (ConfigError), beyond the generic ones
-    HF = HfLayout(...)            its Hugging Face architectures, config.json keys and tensor table
-    LEROBOT = LeRobotLayout(...)  optional: its LeRobot policy type, model keys and tensor table
+`data/`, `serve/`, `sim/`, `train/` and the CLI ask the registry ("which families are
+policies", "this family's adapter") and never name a family.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from zerojax.errors import ConfigError
+
+# What a family is: the kinds the rest of zerojax asks about.
+LANGUAGE_MODEL = "language model"  # token rows in, next-token loss (a corpus, chat rows)
+VISION_LANGUAGE = "vision-language model"  # image and text rows (.jsonl / .parquet of images), answers
+POLICY = "policy"  # robot observations in, action chunks out (data.source=lerobot:DIR, serve, rollout)
+KINDS = (LANGUAGE_MODEL, VISION_LANGUAGE, POLICY)
+
+# The features a policy's observation and its targets carry, by LeRobot's names (which openpi's
+# clients send too): the state, one image per camera, the action chunk.
+STATE, ACTION, CAMERA = "observation.state", "action", "observation.images."
+
+
+class Field(NamedTuple):
+    """One leaf of a batch spec: the global shape, batch axis first, and a numpy dtype name."""
+
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -66,3 +89,40 @@ def require(hf: dict, where: str, family: str, keys: list[str]) -> None:
     if missing:
         raise ConfigError(f"{where} has no {', '.join(missing)}; zerojax needs {'it' if len(missing) == 1 else 'them'} "
                           f"to build the {family} model")
+
+
+@dataclass(frozen=True)
+class PolicyAdapter:
+    """How a policy family reads robot data: the dataset's features (a LeRobot source's rows,
+    `zerojax.data.lerobot`: the state, the cameras, the action chunk, the prompt's tokens) become
+    its batch, in training and in `zerojax serve` / `rollout` alike, so what a served policy reads
+    cannot drift from what it was trained on."""
+
+    # (cfg, the features' spec) -> None: the dataset fits the model (ConfigError naming the key if not)
+    check: Callable[[Any, dict], None]
+    # (the features' source, cfg) -> the source of the family's batch (the same rows, stacked and padded)
+    rows: Callable[[Any, Any], Any]
+    # (stacked observation features, batch first; the cameras in order; the run's model section as
+    # a dict) -> the observation part of the family's batch: what `sample_actions` reads
+    observation: Callable[[dict, list, dict], dict]
+    # the run's model section (a dict) -> (horizon, width) of the noise `sample_actions` integrates
+    chunk: Callable[[dict], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything a built-in family brings (module docstring): its kind, its factory and rule,
+    its checkpoint layouts and, for a policy, its batch adapter."""
+
+    kind: str
+    build: Callable
+    check_config: Callable[[Any], None]
+    hf: HfLayout | None = None
+    lerobot: LeRobotLayout | None = None
+    adapter: PolicyAdapter | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Family.kind={self.kind!r}; one of {KINDS}")
+        if (self.kind == POLICY) != (self.adapter is not None):
+            raise ValueError("a policy family declares its PolicyAdapter, and only a policy does")

@@ -35,7 +35,7 @@ from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import protocol
-from zerojax.models.family import HfLayout, Tensor, require
+from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.models.llama import MLP, Attention
 from zerojax.precision import Policy
@@ -212,3 +212,5 @@ HF_TENSORS = {
 }
 HF = HfLayout(architectures=("GemmaForCausalLM",), from_hf_config=from_hf_config, to_hf_config=to_hf_config,
               tensors=HF_TENSORS)
+
+FAMILY = Family(kind=LANGUAGE_MODEL, build=build, check_config=check_config, hf=HF)

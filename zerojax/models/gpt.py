@@ -23,7 +23,7 @@ from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import protocol
-from zerojax.models.family import HfLayout, Tensor, require
+from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
@@ -225,3 +225,5 @@ HF_TENSORS = {  # GPT-2's Conv1D weights are stored [in, out], as zerojax's kern
 # name their tensors without `transformer.`.
 HF = HfLayout(architectures=("GPT2LMHeadModel",), from_hf_config=from_hf_config, to_hf_config=to_hf_config,
               tensors=HF_TENSORS, fan_in_fan_out=True, optional_prefix="transformer.")
+
+FAMILY = Family(kind=LANGUAGE_MODEL, build=build, check_config=check_config, hf=HF)

@@ -20,7 +20,7 @@ from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import protocol
-from zerojax.models.family import HfLayout, Tensor, require
+from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
@@ -236,3 +236,5 @@ HF_TENSORS = {
 HF = HfLayout(architectures=("LlamaForCausalLM", "MistralForCausalLM"), from_hf_config=from_hf_config,
               to_hf_config=to_hf_config, tensors=HF_TENSORS,
               derived={"head_dim": (lambda m: m.d_model // m.n_heads, "hidden_size / num_attention_heads")})
+
+FAMILY = Family(kind=LANGUAGE_MODEL, build=build, check_config=check_config, hf=HF)

@@ -40,7 +40,7 @@ from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import gemma, protocol, siglip
-from zerojax.models.family import HfLayout, Tensor, require
+from zerojax.models.family import VISION_LANGUAGE, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
@@ -254,3 +254,5 @@ HF_TENSORS = {
 }
 HF = HfLayout(architectures=("PaliGemmaForConditionalGeneration",), from_hf_config=from_hf_config,
               to_hf_config=to_hf_config, tensors=HF_TENSORS, aliases={VISION_PREFIX: "vision_tower."})
+
+FAMILY = Family(kind=VISION_LANGUAGE, build=build, check_config=check_config, hf=HF)

@@ -23,19 +23,10 @@ Two stacks, run in order (the unit protocol):
     exit(x, batch)         the expert's final norm, action_out_proj: v_t; the loss is the mean of
                            (u_t - v_t)^2 over the real action dimensions of steps inside the episode
 
-Flow matching: x_t = t·noise + (1 - t)·actions, u_t = noise - actions. The batch carries `noise`
-and `time` (drawn by the data pipeline from (seed, step, row), so the loss is the same on any
-mesh and any train.grad_accum). The batch (`BATCH`, batch axis first):
-
-    images        float32 [B, cameras, 3, S, S] in [-1, 1]
-    image_masks   bool    [B, cameras]         (a missing camera: False, its image all -1)
-    tokens        int32   [B, L]               the prompt (PaliGemma's tokenizer, ending "\\n")
-    token_mask    bool    [B, L]
-    state         float32 [B, max_state_dim]   (normalized, zero-padded)
-    actions       float32 [B, H, max_action_dim]
-    action_is_pad bool    [B, H]               (steps past the episode's end: no loss)
-    noise         float32 [B, H, max_action_dim]
-    time          float32 [B]                  t ~ Beta(1.5, 1)·0.999 + 0.001
+Flow matching: x_t = t·noise + (1 - t)·actions, u_t = noise - actions. The batch (`BATCH`, made
+from a dataset's features by `pi0_batch`, which lists it) carries `noise` and `time`, drawn by
+the data pipeline from (seed, step, row), so the loss is the same on any mesh and any
+train.grad_accum.
 
 `flow_loss(batch, noise, time)` returns LeRobot's unreduced losses [B, H, max_action_dim];
 `sample_actions(batch, noise, num_steps=10)` integrates from t = 1 to 0 with Euler steps, the
@@ -48,17 +39,16 @@ W expert width, E vision width, G kv heads, Q query heads, K head dim, L layers.
 from __future__ import annotations
 
 import math
-import re
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import gemma, protocol, siglip
-from zerojax.models.family import LeRobotLayout, Tensor
+from zerojax.models import gemma, pi0_batch, pi0_lerobot, protocol, siglip
+from zerojax.models.vla import make_att_2d_masks, time_embedding
+from zerojax.models.family import POLICY, Family
 from zerojax.models.llama import MLP, _dense, rope
 from zerojax.precision import Policy
 
@@ -97,35 +87,6 @@ class Shape(NamedTuple):
     prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-
-
-def make_att_2d_masks(pad_BL: jax.Array, ar_BL: jax.Array) -> jax.Array:
-    """big_vision's (and LeRobot's) attention mask: token i attends to token j when both are real
-    and j's cumulative autoregressive flag is at most i's. bool [B, L (query), L (key)]."""
-    cum_BL = jnp.cumsum(ar_BL.astype(jnp.int32), axis=1)
-    return (cum_BL[:, None, :] <= cum_BL[:, :, None]) & (pad_BL[:, None, :] & pad_BL[:, :, None])
-
-
-def time_embedding(time_B: jax.Array, width: int, min_period: float = 4e-3, max_period: float = 4.0) -> jax.Array:
-    """Sine-cosine embedding of scalar times, [B, width]: angles t·2π/period, periods from
-    min_period to max_period, geometric (LeRobot's create_sinusoidal_pos_embedding).
-
-    LeRobot computes the angles in float64 (up to 2π/4e-3 ≈ 1571 rad, where float32's spacing is
-    1.2e-4); here in float32 pairs: each frequency split on the host into a 12-bit head and a
-    tail, t into a 12-bit head and a tail, so that head x head is exact and the angle is that
-    plus a small rest, sin(a + b) = sin a cos b + cos a sin b: within 1.2e-7 of float64's."""
-    fraction = np.linspace(0.0, 1.0, width // 2, dtype=np.float64)
-    scale = 1.0 / (min_period * (max_period / min_period) ** fraction) * 2 * math.pi
-    s_hi = (scale.astype(np.float32).view(np.int32) & ~np.int32(0xFFF)).view(np.float32)
-    s_lo = (scale - s_hi).astype(np.float32)
-    t_BF = time_B.astype(jnp.float32)[:, None]
-    c = t_BF * np.float32(4097.0)  # Veltkamp's split: t_hi keeps t's first 12 bits
-    t_hi = c - (c - t_BF)
-    t_lo = t_BF - t_hi
-    a, b = t_hi * s_hi, t_hi * s_lo + t_lo * s_hi + t_lo * s_lo
-    sin = jnp.sin(a) * jnp.cos(b) + jnp.cos(a) * jnp.sin(b)
-    cos = jnp.cos(a) * jnp.cos(b) - jnp.sin(a) * jnp.sin(b)
-    return jnp.concatenate([sin, cos], axis=1)
 
 
 class Stream(nnx.Module):
@@ -392,108 +353,6 @@ class Pi0(nnx.Module):
                 + 12 * s.n_layers * (P + S) ** 2 * s.n_heads * s.head_dim)
 
 
-# ---------------------------------------------------------------------------------------------
-# LeRobot's checkpoint (PI0Policy.save_pretrained, LeRobot 0.3.x with transformers 4.5x): the
-# tensor table. The VLM's token embedding is saved as its tied `lm_head`; the expert's lm_head
-# (random, never used: π0 predicts velocities, not tokens) is written back as LeRobot expects it.
-
-ROOT = "model.paligemma_with_expert."
-VLM = ROOT + "paligemma.model."
-VLM_LAYER = VLM + "language_model.layers.{i}."
-EXPERT_LAYER = ROOT + "gemma_expert.model.layers.{i}."
-
-
-def _stream_tensors(stream: str, layer: str) -> dict:
-    out = {f"layers/{stream}/{norm}/scale": Tensor(layer + f"{norm}.weight")
-           for norm in ("input_layernorm", "post_attention_layernorm")}
-    out.update({f"layers/{stream}/{p}/kernel": Tensor(layer + f"self_attn.{p}.weight", True)
-                for p in ("q_proj", "k_proj", "v_proj", "o_proj")})
-    out.update({f"layers/{stream}/mlp/{p}/kernel": Tensor(layer + f"mlp.{p}.weight", True)
-                for p in ("gate_proj", "up_proj", "down_proj")})
-    return out
-
-
-LEROBOT_TENSORS = {
-    **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
-    "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
-    "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
-    "embed_tokens/embedding": Tensor(ROOT + "paligemma.lm_head.weight"),
-    "norm/scale": Tensor(VLM + "language_model.norm.weight"),
-    "expert_norm/scale": Tensor(ROOT + "gemma_expert.model.norm.weight"),
-    **_stream_tensors("vlm", VLM_LAYER),
-    **_stream_tensors("expert", EXPERT_LAYER),
-    **{f"{p}/{leaf}": Tensor(f"model.{p}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel")
-       for p in ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
-       for leaf in ("kernel", "bias")},
-}
-
-
-SO400M_HEADS = 16  # SigLIP So400m/14, π0's tower: its head count is in no tensor's shape
-
-
-def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> dict:
-    """The model.* keys of a LeRobot π0 checkpoint, from its config.json and its tensors' shapes
-    (LeRobot's config.json does not name the sizes: it fixes them at gemma_2b and gemma_300m).
-    The experts have one key/value head, so the head dim is k_proj's rows and the query heads
-    q_proj's rows over it. The tower's head count: the user's model.vision.n_heads, else So400m's."""
-    def shape(name):
-        if name not in shapes:
-            raise ConfigError(f"{where}: model.safetensors has no tensor {name!r}, which a LeRobot π0 has")
-        return tuple(shapes[name])
-
-    depth = lambda pattern: len({m.group(1) for k in shapes if (m := re.match(pattern, k))})
-    vlm, expert = VLM_LAYER.format(i=0), EXPERT_LAYER.format(i=0)
-    vocab, width = shape(ROOT + "paligemma.lm_head.weight")
-    head_dim, kv_rows = shape(vlm + "self_attn.k_proj.weight")[0], shape(expert + "self_attn.k_proj.weight")[0]
-    layers = depth(re.escape(VLM + "language_model.layers.") + r"(\d+)\.")
-    expert_layers = depth(re.escape(ROOT + "gemma_expert.model.layers.") + r"(\d+)\.")
-    heads = shape(vlm + "self_attn.q_proj.weight")[0] // head_dim
-    expert_heads = shape(expert + "self_attn.q_proj.weight")[0] // kv_rows
-    if (layers, heads, head_dim) != (expert_layers, expert_heads, kv_rows):
-        raise ConfigError(f"{where}: the experts differ in depth, heads or head_dim (VLM {layers} layers, {heads} "
-                          f"heads of {head_dim}; expert {expert_layers} layers, {expert_heads} heads of {kv_rows}); "
-                          "π0's joint layers need them equal")
-    tower = VLM + "vision_tower.vision_model."
-    e, _, patch, _ = shape(tower + "embeddings.patch_embedding.weight")
-    n_patches = shape(tower + "embeddings.position_embedding.weight")[0]
-    features = config.get("input_features") or {}
-    cameras = [k for k, f in features.items() if isinstance(f, dict) and f.get("type") == "VISUAL"]
-    missing = [k for k in ("chunk_size", "max_state_dim", "max_action_dim", "tokenizer_max_length") if k not in config]
-    if missing:
-        raise ConfigError(f"{where} has no {', '.join(missing)}; a LeRobot π0 config.json holds them")
-    action = (config.get("output_features") or {}).get("action", {}).get("shape", [config["max_action_dim"]])
-    return {
-        "family": "pi0", "vocab_size": vocab, "d_model": width, "n_layers": layers, "n_heads": heads,
-        "n_kv_heads": 1, "head_dim": head_dim, "d_ff": shape(vlm + "mlp.gate_proj.weight")[0], "norm_eps": 1e-6,
-        "expert": {"d_model": shape(expert + "input_layernorm.weight")[0],
-                   "d_ff": shape(expert + "mlp.gate_proj.weight")[0]},
-        "vision": {"image_size": int(round(n_patches ** 0.5)) * patch, "patch_size": patch, "d_model": e,
-                   "n_layers": depth(re.escape(tower + "encoder.layers.") + r"(\d+)\."),
-                   "n_heads": int((given.get("vision") or {}).get("n_heads") or SO400M_HEADS),
-                   "d_ff": shape(tower + "encoder.layers.0.mlp.fc1.weight")[0]},
-        "action": {"horizon": config["chunk_size"], "max_state_dim": config["max_state_dim"],
-                   "max_action_dim": config["max_action_dim"], "action_dim": int(action[0]),
-                   "cameras": max(1, len(cameras) + config.get("empty_cameras", 0)),
-                   "prompt_len": config["tokenizer_max_length"]},
-    }
-
-
-def to_lerobot_config(model: dict, base: dict) -> dict:
-    """A LeRobot 0.3.x PI0Config's config.json for a run's model section: `base` (the config.json
-    the run started from, or {}) with the keys the model fixes set from it."""
-    a, S = model["action"], model["vision"]["image_size"]
-    out = {"type": "pi0", "n_obs_steps": 1, **base}
-    out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
-               max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
-               tokenizer_max_length=a["prompt_len"], proj_width=model["expert"]["d_model"],
-               resize_imgs_with_padding=[S, S])
-    return out
-
-
-LEROBOT = LeRobotLayout(type="pi0", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config)
-
-
 def shape_of(cfg) -> Shape:
     """The Shape of a ModelConfig (model.*, model.expert.*, model.action.*)."""
     a = cfg.action
@@ -517,3 +376,7 @@ def check_config(cfg) -> None:
     if cfg.expert.d_model % 2:
         raise ConfigError(f"model.expert.d_model={cfg.expert.d_model} must be even: the action tokens' sine-cosine "
                           "time embedding has one sine and one cosine per frequency")
+
+
+FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=pi0_lerobot.LEROBOT,
+                adapter=pi0_batch.ADAPTER)

@@ -1,9 +1,11 @@
 """The model families: `model.family` names a built-in one or a factory of the user's.
 
-A built-in family is one module under `zerojax.models` (its modules, its config rule, its
-Hugging Face layout, its FLOPs: `models/family.py` says what it declares); this table is the
-only other place that names it. Importing the registry imports no family (and no jax): a
-family's module is imported when it is first asked for.
+A built-in family is one module under `zerojax.models` that declares `FAMILY`, a
+`family.Family` (its kind, factory, config rule, checkpoint layouts and, for a policy, its batch
+adapter); this table is the only other place that names it. The rest of zerojax asks questions
+of the registry ("is this family a policy", "its adapter") and never names a family. Importing
+the registry imports no family (and no jax): a family's module is imported when it is first
+asked for.
 """
 
 from __future__ import annotations
@@ -13,49 +15,75 @@ import sys
 from typing import Callable
 
 from zerojax.errors import ConfigError
+from zerojax.models.family import POLICY, VISION_LANGUAGE
 
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
             "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0"}  # model.family -> module
+DEFAULT = next(iter(FAMILIES))  # model.family's default: the first (GPT-2, the course's model)
 
 
-def family_module(family: str):
-    """The module of a built-in family."""
-    return importlib.import_module(FAMILIES[family])
+def family(name: str):
+    """The `family.Family` a built-in family's module declares."""
+    return importlib.import_module(FAMILIES[name]).FAMILY
+
+
+def kind(name: str) -> str | None:
+    """What `model.family` is (`family.KINDS`); None for a model of the user's (module:factory),
+    which declares no kind and reads token, chat or LeRobot rows as they are."""
+    return family(name).kind if name in FAMILIES else None
+
+
+def is_policy(name: str) -> bool:
+    """`model.family` is a policy: robot observations in, action chunks out."""
+    return kind(name) == POLICY
+
+
+def is_vision_language(name: str) -> bool:
+    """`model.family` reads image-and-text rows (.jsonl / .parquet of images)."""
+    return kind(name) == VISION_LANGUAGE
+
+
+def of_kind(wanted: str) -> tuple[str, ...]:
+    """The built-in families of one kind, for messages ("policies: ...")."""
+    return tuple(name for name in FAMILIES if family(name).kind == wanted)
+
+
+def adapter(name: str):
+    """A policy family's `family.PolicyAdapter` (None for any other family)."""
+    return family(name).adapter if is_policy(name) else None
 
 
 def hf_layouts() -> dict:
     """model.family -> its Hugging Face layout (a `family.HfLayout`), for the families that have one."""
-    modules = {family: family_module(family) for family in FAMILIES}
-    return {family: module.HF for family, module in modules.items() if getattr(module, "HF", None) is not None}
+    return {name: family(name).hf for name in FAMILIES if family(name).hf is not None}
 
 
 def hf_architectures() -> dict:
     """config.json architecture -> the model.family that reads it."""
-    return {arch: family for family, layout in hf_layouts().items() for arch in layout.architectures}
+    return {arch: name for name, layout in hf_layouts().items() for arch in layout.architectures}
 
 
-def hf_layout(family: str):
+def hf_layout(name: str):
     """The Hugging Face layout of `model.family` (ConfigError if it has none)."""
     layouts = hf_layouts()
-    if family not in layouts:
-        raise ConfigError(f"model.family={family}: no Hugging Face layout; zerojax converts "
+    if name not in layouts:
+        raise ConfigError(f"model.family={name}: no Hugging Face layout; zerojax converts "
                           f"{', '.join(layouts)} ({', '.join(hf_architectures())})")
-    return layouts[family]
+    return layouts[name]
 
 
 def lerobot_layouts() -> dict:
     """LeRobot policy type (config.json's "type") -> (the model.family that reads it, its `family.LeRobotLayout`)."""
-    modules = {family: family_module(family) for family in FAMILIES}
-    return {module.LEROBOT.type: (family, module.LEROBOT) for family, module in modules.items()
-            if getattr(module, "LEROBOT", None) is not None}
+    return {family(name).lerobot.type: (name, family(name).lerobot) for name in FAMILIES
+            if family(name).lerobot is not None}
 
 
-def lerobot_layout(family: str):
+def lerobot_layout(family_name: str):
     """The LeRobot layout of `model.family` (ConfigError if it has none)."""
     for name, layout in lerobot_layouts().values():
-        if name == family:
+        if name == family_name:
             return layout
-    raise ConfigError(f"model.family={family}: no LeRobot layout; zerojax converts LeRobot's "
+    raise ConfigError(f"model.family={family_name}: no LeRobot layout; zerojax converts LeRobot's "
                       f"{', '.join(lerobot_layouts()) or 'none'} policies")
 
 
@@ -77,18 +105,25 @@ def users_callable(spec: str, where: str) -> Callable:
     return found
 
 
-def model_factory(family: str) -> Callable:
+def check_config(cfg) -> None:
+    """A built-in family's own rules on a ModelConfig (imports its module, and jax); none for a
+    model of the user's."""
+    if cfg.family in FAMILIES:
+        family(cfg.family).check_config(cfg)
+
+
+def model_factory(name: str) -> Callable:
     """The factory `model.family` names, called as factory(cfg=, policy=, rngs=) (ConfigError if
     it cannot be found)."""
     from zerojax.models import protocol  # jax: only once a model is built
 
-    if family in FAMILIES:
-        return family_module(family).build
-    module_name, _, attr = family.partition(":")
-    where = f"model.family={family}"
+    if name in FAMILIES:
+        return family(name).build
+    module_name, _, attr = name.partition(":")
+    where = f"model.family={name}"
     if not module_name or not attr:
         raise ConfigError(f"{where} is not valid; use {', '.join(FAMILIES)}, or module:factory (e.g. my_model:build)")
-    factory = users_callable(family, where)
+    factory = users_callable(name, where)
     try:
         protocol.check_factory(factory, attr)
     except protocol.ProtocolError as err:

@@ -1,4 +1,4 @@
-"""A π0 run served as a policy: an observation in the robot's units in, an action chunk in the
+"""A policy run served: an observation in the robot's units in, an action chunk in the
 robot's units out (`zerojax serve`, docs/design.md "Serving a policy").
 
 The observation is one frame of the training dataset's features, keyed as the run saw them
@@ -10,17 +10,19 @@ The observation is one frame of the training dataset's features, keyed as the ru
                               any h x w, resized with padding as in training
     prompt (or task)          str              the instruction
 
-It becomes π0's batch of one row through the functions training builds its rows with
-(`lerobot.observation`, `policy.observation_batch`): normalized with the run's statistics,
+It becomes the family's batch of one row through the functions training builds its rows with
+(`lerobot.observation`, then the family's `PolicyAdapter.observation`): normalized with the run's statistics,
 resized with padding, tokenized with the run's tokenizer. `sample_actions` runs on it (jitted
 once) with fresh noise for each request: request n (the server counts them from 0 over its
-life, all connections together) draws jax.random.normal(fold_in(key(seed), n), [1, H,
-max_action_dim]), so a restarted server answers the same requests with the same actions. The actions are cut to
-the dataset's action width and unnormalized with the run's statistics: float32 [H, D_a].
+life, all connections together) draws jax.random.normal(fold_in(key(seed), n), [1, *chunk]), the
+chunk the adapter names ([H, max_action_dim] for π0), so a restarted server answers the same
+requests with the same actions. The actions are cut to the dataset's action width and
+unnormalized with the run's statistics: float32 [H, D_a].
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -32,14 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zerojax.config import lerobot_dir
-from zerojax.data import corpus, lerobot, lerobot_frames, lerobot_meta
-from zerojax.data import policy as policy_rows
-from zerojax.data.lerobot import ACTION, CAMERA, STATE
+from zerojax.config.hf_config import LEROBOT, init_source
+from zerojax.data import corpus, lerobot, lerobot_frames
 from zerojax.errors import ConfigError
+from zerojax.models import registry
+from zerojax.models.family import ACTION, CAMERA, POLICY, STATE
 
 PROMPT_KEYS = ("prompt", "task")  # openpi's clients send "prompt"; LeRobot's frames call it "task"
-FAMILIES = ("pi0",)
 
 
 class ObservationError(ValueError):
@@ -48,16 +49,16 @@ class ObservationError(ValueError):
 
 @dataclass
 class ServedPolicy:
-    """A run's π0 with what it needs to read observations and write actions (module docstring)."""
+    """A run's policy with what it needs to read observations and write actions (module docstring)."""
 
     where: str  # "RUN_DIR (step N)"
-    model: object  # the loaded π0, one device, fp32
+    model: object  # the loaded policy, one device, fp32
     features: dict  # lerobot.json's features: the state, the cameras, the action
     norms: dict  # lerobot.json's normalization: feature -> {"mode", statistics}
     tokenizer: object  # tokenizers.Tokenizer, or None (bytes)
     image_size: int
     prompt_len: int
-    action: dict  # the saved model.action section: horizon, cameras (slots), max_state_dim, max_action_dim
+    model_keys: dict  # the run's model section (model.family and the family's keys), as saved
     num_steps: int
     seed: int
     fps: float = 0.0
@@ -69,17 +70,18 @@ class ServedPolicy:
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
         self.state_dim = width(self.features[STATE])
         self.action_dim = width(self.features[ACTION])
+        self.adapter = registry.adapter(self.model_keys["family"])
+        self.horizon, chunk_width = self.adapter.chunk(self.model_keys)
         graphdef, self.params = nnx.split(self.model)
-        shape = (1, self.action["horizon"], self.action["max_action_dim"])
+        shape = (1, self.horizon, chunk_width)
 
-        def sample_with(params, batch, noise):
+        def noise(request):
+            return jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
+
+        def sample(params, batch, noise):
             return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps)
 
-        def sample(params, batch, request):
-            noise = jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
-            return sample_with(params, batch, noise)
-
-        self._sample, self._sample_with = jax.jit(sample), jax.jit(sample_with)
+        self._noise, self._sample = jax.jit(noise), jax.jit(sample)
 
     @property
     def max_message_bytes(self) -> int:
@@ -93,30 +95,33 @@ class ServedPolicy:
         observation = {STATE: {"shape": [self.state_dim], "dtype": "float32"}}
         observation.update({c: {"shape": list(self.features[c]["shape"]), "dtype": "uint8"} for c in self.cameras})
         observation["prompt"] = {"dtype": "str"}
-        return {"policy": "zerojax pi0", "run": self.where, "observation": observation,
-                "action_horizon": self.action["horizon"], "action_dim": self.action_dim,
+        return {"policy": f"zerojax {self.model_keys['family']}", "run": self.where, "observation": observation,
+                "action_horizon": self.horizon, "action_dim": self.action_dim,
                 "action_names": self.features[ACTION].get("names"), "fps": self.fps, "num_steps": self.num_steps,
                 "seed": self.seed, "max_message_bytes": self.max_message_bytes}
 
     def batch(self, obs) -> dict:
-        """π0's batch of one row for the observation, as training builds its rows."""
+        """The family's batch of one row for the observation, as training builds its rows."""
         raw = self.check(obs)
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
                                   self.prompt_len, self.tokenizer, self.pad_before)
-        return policy_rows.observation_batch({k: v[None] for k, v in row.items()}, self.cameras,
-                                             self.action["cameras"], self.action["max_state_dim"])
+        return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys)
 
-    def infer(self, obs, request: int, noise=None) -> dict:
-        """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
-        noise of request number `request` (module docstring), or the given noise [1, H,
-        max_action_dim] (a reference's)."""
-        batch = self.batch(obs)
-        if noise is None:
-            actions = np.asarray(self._sample(self.params, batch, np.uint32(request)))
-        else:
-            actions = np.asarray(self._sample_with(self.params, batch, jnp.asarray(noise, jnp.float32)))
+    def noise(self, request: int) -> jax.Array:
+        """The noise of request number `request` (module docstring): [1, *chunk]."""
+        return self._noise(np.uint32(request))
+
+    def actions(self, batch: dict, noise) -> np.ndarray:
+        """float32 [H, D_a] in the robot's units: `sample_actions` on the batch from `noise`, cut to
+        the dataset's action width and unnormalized with the run's statistics."""
+        actions = np.asarray(self._sample(self.params, batch, jnp.asarray(noise, jnp.float32)))
         norm = self.norms[ACTION]
-        return {"actions": lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])}
+        return lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])
+
+    def infer(self, obs, request: int) -> dict:
+        """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
+        noise of request number `request`."""
+        return {"actions": self.actions(self.batch(obs), self.noise(request))}
 
     def check(self, obs) -> dict:
         """The observation as a dataset frame before normalization (lerobot's raw item), or an
@@ -148,7 +153,7 @@ class ServedPolicy:
         batch = self.batch(blank)
         for attempt in range(2):
             start = time.perf_counter()
-            jax.block_until_ready(self._sample(self.params, batch, np.uint32(0)))
+            jax.block_until_ready(self._sample(self.params, batch, self.noise(0)))
             if attempt == 0:
                 self.compile_s = time.perf_counter() - start
         self.call_ms = (time.perf_counter() - start) * 1e3
@@ -198,15 +203,15 @@ def camera(key: str, value) -> np.ndarray:
 
 def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
          vision_heads: int | None = None) -> ServedPolicy:
-    """A π0 policy, compiled and warmed up: a run directory's checkpoint (the newest, or `step`)
+    """A policy, compiled and warmed up: a run directory's checkpoint (the newest, or `step`)
     and its lerobot.json, a safetensors file `zerojax export` wrote of such a run (its config,
     lerobot.json and tokenizer travel in the file's metadata: export.run_metadata), or a LeRobot
-    π0 checkpoint directory (`lerobot_policy`: `tokenizer` and `vision_heads` are for it alone).
-    ConfigError, before any weight is read, for a run that is not a π0 trained on LeRobot data."""
+    policy directory (`lerobot_policy`: `tokenizer` and `vision_heads` are for it alone).
+    ConfigError, before any weight is read, for a run that is not a policy trained on LeRobot data."""
     from zerojax.train import export
 
     target = Path(target)
-    if target.is_dir() and lerobot_dir(target):
+    if target.is_dir() and init_source(target) == LEROBOT:
         return lerobot_policy(target, step, num_steps, seed, tokenizer, vision_heads)
     if tokenizer is not None or vision_heads is not None:
         raise ConfigError(f"--tokenizer and --vision-heads are for a LeRobot checkpoint directory (its config.json "
@@ -246,31 +251,29 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
         _, _, model = export.load_model(target, step)
         tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
     served = ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
-                          doc["prompt_len"], saved["model"]["action"], num_steps, seed, fps=doc.get("fps", 0.0))
+                          doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
     served.warm_up()
     return served
 
 
 def check_family(saved: dict, where: str) -> None:
     family = saved["model"]["family"]
-    if family not in FAMILIES:
+    if not registry.is_policy(family):
         raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve and rollout take "
-                          f"policies: a run of model.family={' or '.join(FAMILIES)} trained on data.source=lerobot:DIR")
+                          f"policies: a run of model.family={' or '.join(registry.of_kind(POLICY))} trained on "
+                          "data.source=lerobot:DIR")
 
 
 # ---------------------------------------------------------------------------------------------
-# A LeRobot π0 checkpoint (PI0Policy.save_pretrained's directory), served as LeRobot runs it.
-
-LEROBOT_MODES = {"MEAN_STD": "mean_std", "MIN_MAX": "min_max", "IDENTITY": "identity"}  # its normalization modes
+# A LeRobot policy checkpoint (PI0Policy.save_pretrained's directory), served as LeRobot runs it.
 
 
 def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: str | None,
                    vision_heads: int | None) -> ServedPolicy:
-    """A LeRobot π0 directory served as LeRobot's `PI0Policy.select_action` answers: its
-    config.json's features (cameras in its order, CHW shapes read as HWC frames), its
-    normalization modes and statistics (0.3.x's buffers or 0.4.x's processor files), its
-    `resize_imgs_with_padding` (LeRobot 0.3.x pads top and left, 0.4.x, openpi and zerojax
-    centre: `interop.lerobot.image_padding`) and `tokenizer_max_length`. LeRobot's π0 fetches PaliGemma's
+    """A LeRobot policy directory served as LeRobot's `select_action` answers (PI0Policy's), with
+    what `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW
+    shapes read as HWC frames), normalization, image padding (LeRobot 0.3.x pads top and left;
+    0.4.x, openpi and zerojax centre) and prompt length. LeRobot's π0 fetches PaliGemma's
     tokenizer from the Hub, which its directory does not hold: `tokenizer` is a tokenizer.json."""
     from zerojax.interop import lerobot as lerobot_io
 
@@ -278,64 +281,22 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     if step is not None:
         raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {where} is a LeRobot checkpoint (one "
                           "step): drop --step")
-    config = lerobot_io.read_config(directory)
+    lerobot_io.read_config(directory)
     if tokenizer is None:
         raise ConfigError(f"{where} is a LeRobot checkpoint, which does not carry its tokenizer (LeRobot's π0 loads "
                           "google/paligemma-3b-pt-224's from the Hub): give --tokenizer PATH, that model's "
                           "tokenizer.json (or the one the policy was trained with)")
-    features, norms = lerobot_features(config, lerobot_io.read_stats(directory), where)
-    resize = config.get("resize_imgs_with_padding")
-    if resize is None or len(set(resize)) != 1:
-        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}; zerojax serves π0 policies whose "
-                          "images are resized to a square (LeRobot's default [224, 224])")
+    found = lerobot_io.read_policy(directory)
     tok = corpus.load_tokenizer(tokenizer)
-    cfg, model = lerobot_io.load(directory, vision_heads or lerobot_io.SO400M_HEADS)
-    if cfg.vision.image_size != resize[0]:
-        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}, but the tower reads "
-                          f"{cfg.vision.image_size} x {cfg.vision.image_size} images")
-    cameras = [k for k in features if k.startswith(CAMERA)]
+    cfg, model = lerobot_io.load(directory, vision_heads)
+    if cfg.vision.image_size != found.image_size:
+        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={found.config['resize_imgs_with_padding']}, "
+                          f"but the tower reads {cfg.vision.image_size} x {cfg.vision.image_size} images")
+    cameras = [k for k in found.features if k.startswith(CAMERA)]
     if len(cameras) > cfg.action.cameras:
         raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
-    action = {"horizon": cfg.action.horizon, "cameras": cfg.action.cameras, "max_state_dim": cfg.action.max_state_dim,
-              "max_action_dim": cfg.action.max_action_dim}
-    version = "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3"
-    served = ServedPolicy(f"{where} (LeRobot {version} π0 checkpoint)", model, features, norms, tok, resize[0],
-                          int(config.get("tokenizer_max_length", cfg.action.prompt_len)), action, num_steps, seed,
-                          pad_before=lerobot_io.image_padding(directory) == "before")
+    served = ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
+                          found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
+                          dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before)
     served.warm_up()
     return served
-
-
-def lerobot_features(config: dict, stats: dict, where: str) -> tuple[dict, dict]:
-    """(features, normalization) as lerobot.json holds them, from a LeRobot policy's config.json
-    (input_features, output_features, normalization_mapping) and its statistics."""
-    inputs, outputs = config.get("input_features") or {}, config.get("output_features") or {}
-    kinds = {k: f.get("type") for k, f in {**inputs, **outputs}.items()}
-    want = {STATE: "STATE", ACTION: "ACTION"}
-    for key, kind in want.items():
-        if kinds.get(key) != kind:
-            raise ConfigError(f"{where}/config.json: no {kind} feature {key!r} (its features: {sorted(kinds)}); "
-                              f"zerojax serves π0 policies of {STATE!r}, {ACTION!r} and {CAMERA}<camera> images")
-    odd = [k for k, kind in kinds.items() if k not in want and (kind != "VISUAL" or not k.startswith(CAMERA))]
-    if odd:
-        raise ConfigError(f"{where}/config.json: features {odd} are not {STATE!r}, {ACTION!r} or {CAMERA}<camera> "
-                          "images, which zerojax serves")
-    features = {}
-    for key, f in {**inputs, **outputs}.items():
-        shape = list(f["shape"])
-        features[key] = {"shape": shape[1:] + shape[:1] if kinds[key] == "VISUAL" else shape,  # CHW -> HWC frames
-                         "dtype": "video" if kinds[key] == "VISUAL" else "float32"}
-    mapping = config.get("normalization_mapping") or {}
-    norms = {}
-    for key in (STATE, ACTION):
-        mode = LEROBOT_MODES.get(mapping.get(kinds[key], "IDENTITY"))
-        if mode is None:
-            raise ConfigError(f"{where}/config.json: normalization_mapping {kinds[key]}={mapping[kinds[key]]!r}; "
-                              f"zerojax applies {', '.join(LEROBOT_MODES)}")
-        need = lerobot_meta.STAT_KEYS[mode]
-        missing = [s for s in need if s not in stats.get(key, {})]
-        if missing:
-            raise ConfigError(f"{where}: no {key} {'/'.join(missing)} statistics (normalization {mode}); the checkpoint "
-                              "holds none (0.3.x: buffers in model.safetensors; 0.4.x: its processor files)")
-        norms[key] = {"mode": mode, **{s: stats[key][s] for s in need}}
-    return features, norms

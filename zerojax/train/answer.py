@@ -91,6 +91,8 @@ def held_out(run_dir: str | Path, step: int | None = None, blank: bool = False,
     data.val_fraction), from its newest checkpoint (or `step`); `limit` > 0: the first that many."""
     from zerojax import config as config_lib
     from zerojax.errors import ConfigError
+    from zerojax.models import registry
+    from zerojax.models.family import VISION_LANGUAGE
     from zerojax.train import export
 
     run_dir = Path(run_dir)
@@ -98,9 +100,10 @@ def held_out(run_dir: str | Path, step: int | None = None, blank: bool = False,
         raise ConfigError(f"{str(run_dir)!r} is not a zerojax run directory (no config.yaml); --held-out answers the "
                           "held-out examples of a run's data, so give the run directory of a paligemma run")
     cfg = config_lib.load(run_dir / "config.yaml")
-    if cfg.model.family != "paligemma":
+    if not registry.is_vision_language(cfg.model.family):
+        vision_language = " or ".join(registry.of_kind(VISION_LANGUAGE))
         raise ConfigError(f"{run_dir} is a {cfg.model.family} run; held-out answers need a vision-language run "
-                          "(model.family=paligemma) trained on image data")
+                          f"(model.family={vision_language}) trained on image data")
     source = images.open(cfg)
     _, _, model = export.load_model(run_dir, step)
     indices = np.arange(source.n_train, len(source.ids))

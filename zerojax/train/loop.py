@@ -21,6 +21,7 @@ from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax.parallel import mesh as mesh_lib
 from zerojax.config import Config
+from zerojax.config.hf_config import LEROBOT, init_source
 from zerojax.errors import ConfigError
 from zerojax.train.metrics import kept_metrics, metrics_line, open_metrics, write_line
 from zerojax.train.sample import Generator, Progress, sample_reply, sample_text
@@ -74,8 +75,8 @@ def prepare(cfg: Config) -> Setup:
     check_batch(cfg, step)
     init_files = {}
     if cfg.model.init_from:  # checked now, from the files' headers, before anything is written
-        hf.init_source(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
-        if config_lib.lerobot_dir(cfg.model.init_from):  # its config.json and statistics, for the export
+        hf.init_checkpoint(cfg.model.init_from, step.plan, cfg.model.family, step.units.names)
+        if init_source(cfg.model.init_from) == LEROBOT:  # its config.json and statistics, for the export
             init_files = lerobot.init_files(cfg.model.init_from)
     lora = cfg.optim.lora
     if lora.init_from:
