@@ -13,6 +13,7 @@ traceback.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 import re
 from pathlib import Path
@@ -55,40 +56,9 @@ class VisionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExpertConfig:
-    """model.expert: π0's action expert (model.family=pi0), a Gemma of the VLM's depth, heads,
-    kv heads and head dim, narrower (ignored by the other families)."""
+class SharedModelConfig:
+    """model.*: the keys every family reads; `ModelConfig` adds the families' own sections."""
 
-    d_model: int = 1024  # the expert's width (gemma_300m's; LeRobot's proj_width)
-    d_ff: int = 4096  # the expert's MLP width
-
-    def __post_init__(self):
-        for key in ("d_model", "d_ff"):
-            _at_least(f"model.expert.{key}", getattr(self, key), 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ActionConfig:
-    """model.action: what a policy reads and predicts (model.family=pi0; LeRobot's pi0 defaults)."""
-
-    horizon: int = 50  # H: actions per chunk (LeRobot's chunk_size)
-    max_state_dim: int = 32  # the state is zero-padded to this (state_proj's input)
-    max_action_dim: int = 32  # actions are zero-padded to this (action_in_proj's input)
-    action_dim: int = 0  # the real action dimensions, the loss's (0 = max_action_dim)
-    cameras: int = 1  # images per row (a missing one is masked)
-    prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
-
-    def __post_init__(self):
-        for key in ("horizon", "max_state_dim", "max_action_dim", "cameras", "prompt_len"):
-            _at_least(f"model.action.{key}", getattr(self, key), 1)
-        _at_least("model.action.action_dim", self.action_dim, 0)
-        if self.action_dim > self.max_action_dim:
-            raise ConfigError(f"model.action.action_dim={self.action_dim} is larger than model.action.max_action_dim="
-                              f"{self.max_action_dim}; raise max_action_dim (the actions are padded to it)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
     family: str = registry.DEFAULT  # gpt | llama | gemma | paligemma | pi0 | module:factory (a model of your own, README "Bring your own model")
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
@@ -105,11 +75,10 @@ class ModelConfig:
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
     vision: VisionConfig = field(default_factory=VisionConfig)  # paligemma: the SigLIP tower (model.vision.*)
     image_token_id: int = 0  # paligemma: the id of the image token, image_tokens of which open each row (PaliGemma's <image>: 257152)
-    expert: ExpertConfig = field(default_factory=ExpertConfig)  # pi0: the action expert (model.expert.*)
-    action: ActionConfig = field(default_factory=ActionConfig)  # pi0: state, actions, cameras, prompt (model.action.*)
+    # + the sections the families declare (`registry.SECTIONS`: π0's model.expert.*, model.action.*)
 
     def __post_init__(self):
-        for key, cls in (("vision", VisionConfig), ("expert", ExpertConfig), ("action", ActionConfig)):
+        for key, cls in (("vision", VisionConfig), *registry.sections().items()):
             if isinstance(getattr(self, key), dict):  # ModelConfig(**a saved config's model section)
                 object.__setattr__(self, key, cls(**getattr(self, key)))
         if self.family not in registry.FAMILIES and ":" not in self.family:
@@ -132,6 +101,15 @@ class ModelConfig:
             raise ConfigError(f"model.n_heads={self.n_heads} must be divisible by model.n_kv_heads={self.n_kv_heads}; "
                               f"try model.n_kv_heads={_largest_divisor(self.n_heads, self.n_kv_heads)}")
         registry.check_config(self)  # a built-in family's own rules (imports its module, and jax)
+
+
+# The model section: the shared keys and, from the registry, each section a family declares
+# (model.expert, model.action: π0's), so that a family's keys live in the family's room.
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig", [(name, cls, field(default_factory=cls)) for name, cls in registry.sections().items()],
+    bases=(SharedModelConfig,), frozen=True, kw_only=True)
+ModelConfig.__module__ = __name__  # (make_dataclass's `module=` is Python 3.12's)
+ModelConfig.__doc__ = "model.*: the shared keys (`SharedModelConfig`) and the families' sections (`registry.sections`)."
 
 
 def is_factory(source: str) -> bool:

@@ -83,6 +83,12 @@ class LeRobotLayout:
     to_config: Callable[[dict, dict], dict]  # (a run's model section, a LeRobot config.json to start from) -> config.json
 
 
+def at_least(key: str, value: float, low: float) -> None:
+    """A family's config key is at least `low` (ConfigError naming it; NaN fails too)."""
+    if not value >= low:
+        raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}")
+
+
 def require(hf: dict, where: str, family: str, keys: list[str]) -> None:
     """ConfigError naming the `keys` that config.json lacks (or holds as null)."""
     missing = [key for key in keys if hf.get(key) is None]

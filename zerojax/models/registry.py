@@ -20,6 +20,18 @@ from zerojax.models.family import POLICY, VISION_LANGUAGE
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
             "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0"}  # model.family -> module
 DEFAULT = next(iter(FAMILIES))  # model.family's default: the first (GPT-2, the course's model)
+# model.<section> keys a family declares beyond the shared ones: section -> its dataclass, in a
+# module of the family's with no jax (the config imports it)
+SECTIONS = {"expert": "zerojax.models.pi0_keys:ExpertConfig", "action": "zerojax.models.pi0_keys:ActionConfig"}
+
+
+def sections() -> dict[str, type]:
+    """model.<section> -> the dataclass of its keys, for the sections families declare."""
+    out = {}
+    for section, spec in SECTIONS.items():
+        module, _, cls = spec.partition(":")
+        out[section] = getattr(importlib.import_module(module), cls)
+    return out
 
 
 def family(name: str):
