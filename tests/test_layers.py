@@ -12,7 +12,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "zerojax"
 # Bottom to top. A module may import its own part and the parts before it, never one after.
 LAYERS = ("errors", "formats", "precision", "models", "config", "parallel", "data", "schedules", "optim",
           "interop", "train", "analysis", "report", "serve", "sim", "cli")
-SHIMS = ("hf", "mesh")  # old import paths that re-export a part's module (README names them)
 NO_JAX = ("zerojax", "zerojax.errors", "zerojax.formats", "zerojax.config", "zerojax.models.registry",
           "zerojax.models.flops", "zerojax.analysis.formulas", "zerojax.serve", "zerojax.sim", "zerojax.cli")
 
@@ -37,7 +36,7 @@ def imports_of(path: Path) -> set[str]:
 def modules():
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).with_suffix("")
-        if relative.parts[0] in ("__init__", "__main__") or relative.parts[0] in SHIMS:
+        if relative.parts[0] in ("__init__", "__main__"):
             continue
         yield path, relative.parts[0]
 

@@ -25,7 +25,7 @@ def parse_args(argv=None):
         p.add_argument("--steps", type=int, default=5)
         p.add_argument("--warmup", type=int, default=2)
         p.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU (H200 bf16: 989)")
-        p.add_argument("--xla-preset", help="e.g. gpu (zerojax.mesh.XLA_PRESETS)")
+        p.add_argument("--xla-preset", help="e.g. gpu (zerojax.parallel.mesh.XLA_PRESETS)")
     for p in (plan, one):
         p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: the CI rehearsal")
         p.add_argument("--fit-budget-gb", type=float, help="the fit search's budget (default: the device's limit)")
