@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-import zerojax
+from zerojax.parallel import mesh as mesh_lib
 
 import bench
 from bench.measure import measure_main
@@ -54,6 +54,6 @@ def main(argv=None) -> int:
         print(markdown(json.loads(Path(opts.file).read_text())))
         return 0
     if opts.command == "stages" and opts.xla_preset:
-        zerojax.apply_xla_preset(opts.xla_preset)
+        mesh_lib.apply_xla_preset(opts.xla_preset)
     return {"plan": plan_main, "measure": measure_main, "stages": stages_main,
             "transient": transient_main}[opts.command](opts)
