@@ -11,7 +11,7 @@ Loads DIR with `AutoModelForCausalLM.from_pretrained` (`AutoModelForImageTextToT
 reference holds `pixel_values`: PaliGemma; it must report no missing, unexpected or mismatched
 keys), computes fp32 logits for the tokens stored in ZEROJAX_LOGITS.safetensors (tensors
 `tokens` [B, T] and `logits` [B, T, V], and `pixel_values`, `token_type_ids` for an image model,
-written by `zerojax.hf.load(DIR)`'s model), and prints the largest difference; exits 1 above 1e-4.
+written by `zerojax.interop.hf.load(DIR)`'s model), and prints the largest difference; exits 1 above 1e-4.
 """
 
 import sys

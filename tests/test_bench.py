@@ -227,22 +227,24 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
     """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
     suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
     only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
-    import zerojax
     from bench import measure
+    from zerojax import config
+    from zerojax.parallel import mesh as mesh_lib
+    from zerojax.train import step as step_lib
 
     monkeypatch.chdir(ROOT)  # the entry names the tiny LeRobot dataset as bench_gpu.sh runs it, from the checkout
     m = plan.BY_NAME["pi0_full_s3"]
-    cfg = zerojax.load_config(ROOT / m.config, plan.overrides(m, dry_run=True))
-    mesh = zerojax.make_mesh(cfg.mesh)
-    batch = measure.random_batch(cfg, jax.random.key(0), zerojax.batch_sharding(mesh))
-    shapes = zerojax.batch_shape(cfg)
+    cfg = config.load(ROOT / m.config, plan.overrides(m, dry_run=True))
+    mesh = mesh_lib.make_mesh(cfg.mesh)
+    batch = measure.random_batch(cfg, jax.random.key(0), mesh_lib.batch_sharding(mesh))
+    shapes = step_lib.batch_shape(cfg)
     assert jax.tree.map(lambda x: (x.shape, x.dtype), batch) == jax.tree.map(lambda x: (x.shape, x.dtype), shapes)
     assert not batch["action_is_pad"].any() and batch["image_masks"].all() and batch["token_mask"].all()
     assert 0 < float(batch["time"].min()) and float(batch["time"].max()) < 1
     assert 0 <= int(batch["tokens"].min()) and int(batch["tokens"].max()) < cfg.model.vocab_size
     assert float(batch["images"].min()) >= -1 and float(batch["images"].max()) <= 1 and batch["images"].std() > 0.1
     row_tokens = 4 + 6 + 1 + 4  # 28² images at patch 14, the prompt, the state, H actions
-    rates = measure.rates(cfg, zerojax.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
+    rates = measure.rates(cfg, step_lib.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
     assert rates["samples_per_sec"] == 16 / 0.5 and rates["tokens_per_sec"] == 16 * row_tokens / 0.5
     assert 0 < rates["mfu"] < 1e-3
 

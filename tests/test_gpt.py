@@ -12,7 +12,9 @@ from flax import nnx
 
 from conftest import SMALL, TINY, run
 from zerojax import config, train
-from zerojax.models import GPT, Units, protocol
+from zerojax.models import protocol
+from zerojax.models.gpt import GPT
+from zerojax.models.protocol import Units
 from zerojax.precision import make_policy
 from zerojax.analysis import measure
 from zerojax.parallel import trees

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from conftest import ROOT, run
 from zerojax import cli, config, train
-from zerojax.models import cross_entropy
+from zerojax.models.protocol import cross_entropy
 from zerojax.interop import hf
 from zerojax.train import checkpoint
 

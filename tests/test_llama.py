@@ -8,7 +8,8 @@ from flax import nnx
 
 from conftest import ROOT, run
 from zerojax import config
-from zerojax.models import Llama, llama
+from zerojax.models import llama
+from zerojax.models.llama import Llama
 from zerojax.analysis import measure
 
 TINY = ["model.family=llama", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",

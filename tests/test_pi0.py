@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import ROOT, run
-from zerojax import ConfigError, lerobot
+from zerojax.errors import ConfigError
+from zerojax.interop import lerobot
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot"
 TINY = ["model.family=pi0", "data.source=pi0_source:build", "model.vocab_size=64", "model.d_model=32",

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from zerojax import config, train
+from zerojax.errors import TrainingError
 from zerojax.precision import LossScaler, make_loss_scaler, make_policy
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
@@ -101,7 +102,7 @@ def test_an_injected_inf_skips_exactly_that_step(tiny_overrides):
 def test_a_run_stops_after_max_skipped_steps(tiny_overrides):
     cfg = config.load(overrides=tiny_overrides + ["optim.lr=1e30", "optim.warmup_steps=0", "optim.clip_norm=0",
                                                   "precision.max_skipped_steps=3", "train.steps=20"])
-    with pytest.raises(train.TrainingError, match=r"3 consecutive steps had non-finite gradients"):
+    with pytest.raises(TrainingError, match=r"3 consecutive steps had non-finite gradients"):
         train.run(cfg, show_progress=False)
 
 

@@ -8,6 +8,7 @@ import pytest
 from zerojax import config, train
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
+from zerojax.train.metrics import kept_metrics
 
 
 def losses(overrides, **kw):
@@ -95,8 +96,8 @@ def test_a_vocabulary_larger_than_the_corpus_is_fine(tiny_overrides):
 def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n\n{"step": 3}\n{"step": 4, "lo')  # killed while writing step 4
-    assert train.kept_metrics(path, 2) == ['{"step": 1}', '{"step": 2}']
-    assert train.kept_metrics(path, 3) == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
+    assert kept_metrics(path, 2) == ['{"step": 1}', '{"step": 2}']
+    assert kept_metrics(path, 3) == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not the last line: not a kill's doing
     with pytest.raises(config.ConfigError, match="line 2: .* is not a metrics line"):
-        train.kept_metrics(path, 3)
+        kept_metrics(path, 3)

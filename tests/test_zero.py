@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from zerojax import config, train
-from zerojax.models import cross_entropy
+from zerojax.models.protocol import cross_entropy
 
 from conftest import SMALL, TINY, run
 from zerojax.analysis import measure

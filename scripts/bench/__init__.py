@@ -33,7 +33,8 @@ explicit schedule at `zero.prefetch=0` and `1`, zerojax's gspmd schedule, and th
 usual FSDP (peer.py). The peer needs scalax (`pip install scalax`), which is not a zerojax
 dependency.
 
-zerojax is reached only through its public API (`zerojax.<name>`, listed in zerojax/__init__.py).
+zerojax is reached only through the modules of its public API (listed in zerojax/__init__.py:
+`zerojax.train.step.make_engine`, `zerojax.analysis.measure.compile_step`, ...).
 """
 
 from __future__ import annotations

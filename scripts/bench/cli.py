@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-import zerojax
+from zerojax.parallel import mesh as mesh_lib
 
 import bench
 from bench.measure import measure_main
@@ -25,7 +25,7 @@ def parse_args(argv=None):
         p.add_argument("--steps", type=int, default=5)
         p.add_argument("--warmup", type=int, default=2)
         p.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU (H200 bf16: 989)")
-        p.add_argument("--xla-preset", help="e.g. gpu (zerojax.mesh.XLA_PRESETS)")
+        p.add_argument("--xla-preset", help="e.g. gpu (zerojax.parallel.mesh.XLA_PRESETS)")
     for p in (plan, one):
         p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: the CI rehearsal")
         p.add_argument("--fit-budget-gb", type=float, help="the fit search's budget (default: the device's limit)")
@@ -54,6 +54,6 @@ def main(argv=None) -> int:
         print(markdown(json.loads(Path(opts.file).read_text())))
         return 0
     if opts.command == "stages" and opts.xla_preset:
-        zerojax.apply_xla_preset(opts.xla_preset)
+        mesh_lib.apply_xla_preset(opts.xla_preset)
     return {"plan": plan_main, "measure": measure_main, "stages": stages_main,
             "transient": transient_main}[opts.command](opts)

@@ -15,7 +15,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-import zerojax
+from zerojax import config as config_lib
+from zerojax.analysis import formulas
+from zerojax.analysis import measure as measure_lib
+from zerojax.analysis import traced
+from zerojax.parallel import mesh as mesh_lib
+from zerojax.schedules import quant as quant_lib
+from zerojax.train import model as model_lib
+from zerojax.train import state as state_lib
+from zerojax.train import step as step_lib
 
 from bench import ROOT, write_json
 from bench.plan import BY_NAME, Measurement, overrides
@@ -36,8 +44,8 @@ def measure_main(opts) -> int:
 
 def measure(m: Measurement, opts) -> dict:
     if opts.xla_preset:
-        zerojax.apply_xla_preset(opts.xla_preset)  # before the backend starts
-    cfg = zerojax.load_config(ROOT / m.config, overrides(m, opts.dry_run))
+        mesh_lib.apply_xla_preset(opts.xla_preset)  # before the backend starts
+    cfg = config_lib.load(ROOT / m.config, overrides(m, opts.dry_run))
     try:
         if m.plan_check:
             row = plan_check(cfg, m, opts)
@@ -54,13 +62,13 @@ def measure(m: Measurement, opts) -> dict:
 
 def throughput(cfg, opts) -> dict:
     start = time.perf_counter()
-    engine, compiled = zerojax.compile_step(cfg)  # includes building the engine
+    engine, compiled = measure_lib.compile_step(cfg)  # includes building the engine
     compile_s = time.perf_counter() - start
-    params = zerojax.count_params(cfg)
-    report = zerojax.stage_report(cfg, engine, compiled, params)
-    step_s, loss = timed_steps(cfg, engine, compiled, zerojax.init_state(engine), opts.steps, opts.warmup)
+    params = measure_lib.count_params(cfg)
+    report = measure_lib.stage_report(cfg, engine, compiled, params)
+    step_s, loss = timed_steps(cfg, engine, compiled, state_lib.init_state(engine), opts.steps, opts.warmup)
     return {"status": "ok", "params": params, "compile_s": compile_s, **rates(cfg, engine, params, step_s, opts),
-            "loss": loss, "analyze_peak_bytes": zerojax.peak_bytes(report), **{k: report[k] for k in REPORT_KEYS},
+            "loss": loss, "analyze_peak_bytes": formulas.peak_bytes(report), **{k: report[k] for k in REPORT_KEYS},
             "all_gather_dtype": report["comm_dtypes"].get("all-gather"),  # None: nothing gathered (N = 1)
             **device_memory()}
 
@@ -68,7 +76,7 @@ def throughput(cfg, opts) -> dict:
 def gathered_units(engine) -> list[tuple[int, int]]:
     """(elements, count) of the units a stage-3 step gathers: the outer unit, each stack's layers."""
     depth = lambda name: jax.tree.leaves(engine.plan.leaves[name])[0].shape[0]
-    return [(zerojax.unit_size(engine, None), 1)] + [(zerojax.unit_size(engine, name), depth(name))
+    return [(traced.unit_size(engine, None), 1)] + [(traced.unit_size(engine, name), depth(name))
                                                      for name in engine.units.names]
 
 
@@ -80,10 +88,10 @@ def quant_overhead(cfg, step_s: float, opts) -> dict:
     whole: on one device (N = 1) exactly the step's work, on N devices the dequantize exactly
     and the quantize N times over (each device quantizes only its 1/N). On one device the step
     itself gathers nothing (nothing is sharded), so this is the overhead to read there."""
-    engine = zerojax.make_engine(cfg, zerojax.make_mesh(cfg.mesh))
-    policy, units, quant = engine.policy, gathered_units(engine), zerojax.quant
+    engine = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
+    policy, units, quant = engine.policy, gathered_units(engine), quant_lib
 
-    def roundtrip(x_n):  # zerojax.quant's four steps, as one device runs them for a gather
+    def roundtrip(x_n):  # zerojax.schedules.quant's four steps, as one device runs them for a gather
         count, length = quant.blocks(x_n.shape[0], policy.quant_block)
         sent = quant.encode(*quant.quantize(x_n, policy.quant_block, policy.gather))
         return quant.dequantize(*quant.decode(sent, count, length, policy.gather), x_n.shape[0], policy.compute)
@@ -113,24 +121,24 @@ def best_time(fn, x, repeats: int) -> float:
 def rates(cfg, engine, params: int, step_s: float, opts) -> dict:
     """Step time, tokens/s and MFU. A text model's row is seq_len tokens; π0's is its joint
     sequence (prefix + state + actions), and its samples/s is the rate robot users compare."""
-    model = zerojax.abstract_model(cfg.model, engine.policy)
+    model = model_lib.abstract_model(cfg.model, engine.policy)
     row_flops = model.flops_per_row() if callable(getattr(model, "flops_per_row", None)) else None
     row_tokens = model.prefix_len + 1 + cfg.model.action.horizon if row_flops else cfg.model.seq_len
     out = {"step_s": step_s, "tokens_per_sec": cfg.train.global_batch * row_tokens / step_s}
     if row_flops:
         out["samples_per_sec"] = cfg.train.global_batch / step_s
     if opts.peak_tflops:  # model FLOPs utilisation, summed over the devices (PaLM appendix B)
-        flops = row_flops / row_tokens if row_flops else zerojax.model_flops_per_token(cfg)
+        flops = row_flops / row_tokens if row_flops else measure_lib.model_flops_per_token(cfg)
         out["mfu"] = out["tokens_per_sec"] * flops / (opts.peak_tflops * 1e12 * engine.mesh.devices.size)
     return out
 
 
 def random_batch(cfg, key, sharding):
-    """One global batch of the config's shapes (`zerojax.batch_shape`), made on the devices:
+    """One global batch of the config's shapes (`zerojax.train.step.batch_shape`), made on the devices:
     token ids below the vocabulary, masks all set (no `*_is_pad` flag set: every action is
     real), a flow's time in (0, 1), other floats uniform in [-1, 1] (images are in [-1, 1];
     noise, states and actions any values)."""
-    shapes = zerojax.batch_shape(cfg)
+    shapes = step_lib.batch_shape(cfg)
     paths, tree = jax.tree_util.tree_flatten_with_path(shapes)
 
     def make(key):
@@ -151,7 +159,7 @@ def random_batch(cfg, key, sharding):
 
 def timed_steps(cfg, engine, compiled, state, steps: int, warmup: int) -> tuple[float, float]:
     """Seconds per step after `warmup` steps, and the last loss (random batches: only a sanity check)."""
-    sharding = zerojax.batch_sharding(engine.mesh)
+    sharding = mesh_lib.batch_sharding(engine.mesh)
     batches = [random_batch(cfg, jax.random.key(i), sharding) for i in range(warmup + steps)]
     for batch in batches[:warmup]:
         state, metrics = compiled(state, batch)
@@ -166,20 +174,20 @@ def timed_steps(cfg, engine, compiled, state, steps: int, warmup: int) -> tuple[
 def fit(cfg, stage: int, opts) -> dict:
     """`zerojax analyze --budget-gb`'s search for `stage`, then one real step of what it found."""
     staged = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, stage=stage))
-    engine, _ = zerojax.compile_step(staged)  # starts the backend with the mesh's devices; cached for the search
+    engine, _ = measure_lib.compile_step(staged)  # starts the backend with the mesh's devices; cached for the search
     if stage != 3 and engine.mesh.shape["data"] == 1:
         return {"status": "skipped", "reason": "one device on the data axis (N = 1): every stage holds "
                 "the same model states, so stage 0 fits what stage 3 fits"}
     budget = budget_bytes(opts)
-    found = zerojax.largest_fitting(staged, stage, budget, max_steps=opts.fit_max_steps)
+    found = measure_lib.largest_fitting(staged, stage, budget, max_steps=opts.fit_max_steps)
     row = {"status": "ok", "stage": stage, "budget_bytes": budget, "found": found}
     if found is None:  # not even the unscaled model fits
         return row
     model = dataclasses.replace(cfg.model, **{k: found[k] for k in ("d_model", "d_ff", "n_layers")})
     big = dataclasses.replace(staged, model=model)
-    engine, compiled = zerojax.compile_step(big)  # a hit in the compilation cache: the search compiled it
+    engine, compiled = measure_lib.compile_step(big)  # a hit in the compilation cache: the search compiled it
     try:
-        step_s, loss = timed_steps(big, engine, compiled, zerojax.init_state(engine), steps=1, warmup=0)
+        step_s, loss = timed_steps(big, engine, compiled, state_lib.init_state(engine), steps=1, warmup=0)
     except jax.errors.JaxRuntimeError as err:  # out of memory: the estimate was wrong, say so
         return {**row, "confirmed": False, "error": first_line(err), **device_memory()}
     return {**row, "confirmed": True, "loss": loss, **rates(big, engine, found["params"], step_s, opts),
@@ -216,7 +224,7 @@ def plan_check(cfg, m: Measurement, opts) -> dict:
     if doc["winner"] is None:  # the plan says nothing fits: nothing to run
         return {**row, "nothing_fits": doc["nothing_fits"]}
     planned = [*overrides(m, opts.dry_run), "mesh.replica=1", f"mesh.data={devices}", *doc["winner"]["overrides"]]
-    cfg = zerojax.load_config(ROOT / m.config, planned)  # the mesh the plan compiled for: one group of N
+    cfg = config_lib.load(ROOT / m.config, planned)  # the mesh the plan compiled for: one group of N
     ran = throughput(cfg, opts)
     peak = ran["peak_bytes_in_use"]
     return {**ran, **row, "plan_peak_bytes": doc["winner"]["peak_bytes"], "plan_step_s": doc["winner"]["step_s"],

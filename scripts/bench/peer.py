@@ -13,7 +13,12 @@ from pathlib import Path
 
 import jax
 
-import zerojax
+from zerojax import config as config_lib
+from zerojax.analysis import measure as measure_lib
+from zerojax.analysis import traced
+from zerojax.parallel import mesh as mesh_lib
+from zerojax.train import model as model_lib
+from zerojax.train import step as step_lib
 
 from bench import write_json
 from bench.measure import device_info
@@ -43,7 +48,7 @@ def abstract_params(engine):
     """The model's fp32 parameters as a nested dict of shapes (true shapes, no padding)."""
     from flax import nnx
 
-    model = zerojax.abstract_model(engine.model, engine.policy, engine.seed)
+    model = model_lib.abstract_model(engine.model, engine.policy, engine.seed)
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
@@ -60,9 +65,9 @@ def peer_step(cfg):
     import optax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    engine = zerojax.make_engine(cfg, zerojax.make_mesh(cfg.mesh))
+    engine = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
     m, units = engine.mesh, engine.units
-    rows = zerojax.batch_sharding(m)
+    rows = mesh_lib.batch_sharding(m)
     constrain = lambda x: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, rows), x)
 
     def loss(params, batch_BS):
@@ -91,7 +96,7 @@ def peer_step(cfg):
     shardings = jax.tree.map(lambda spec: NamedSharding(m, spec), rule.apply(state),
                              is_leaf=lambda x: isinstance(x, P))
     abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state, shardings)
-    batch = zerojax.batch_shape(cfg, sharding=rows)
+    batch = step_lib.batch_shape(cfg, sharding=rows)
     jitted = jax.jit(train_step, in_shardings=(shardings, rows), out_shardings=(shardings, NamedSharding(m, P())),
                      donate_argnums=0)
     return engine, jitted, abstract, batch
@@ -109,7 +114,7 @@ def transient_rows(base_overrides, shapes) -> list[dict]:
     rows = []
     fsdp_rule_class()  # before anything is compiled
     for shape in shapes:
-        cfg = zerojax.load_config(None, [*TRANSIENT_SHAPES[shape], *LIKE_FOR_LIKE, *base_overrides])
+        cfg = config_lib.load(None, [*TRANSIENT_SHAPES[shape], *LIKE_FOR_LIKE, *base_overrides])
         found = []
         for schedule, prefetch in TRANSIENT_SCHEDULES:
             if schedule == "peer":
@@ -117,13 +122,13 @@ def transient_rows(base_overrides, shapes) -> list[dict]:
             else:
                 this = dataclasses.replace(cfg, zero=dataclasses.replace(cfg.zero, schedule=schedule,
                                                                          prefetch=prefetch or 0))
-                engine, compiled = zerojax.compile_step(this)
-            mem = zerojax.measure_memory(compiled)
-            row = {"shape": shape, "params": zerojax.count_params(cfg), "schedule": schedule, "prefetch": prefetch,
+                engine, compiled = measure_lib.compile_step(this)
+            mem = measure_lib.measure_memory(compiled)
+            row = {"shape": shape, "params": measure_lib.count_params(cfg), "schedule": schedule, "prefetch": prefetch,
                    "temp_bytes": mem["temp_bytes"], "argument_bytes": mem["argument_bytes"]}
             if schedule == "shard_map" and prefetch == 0:  # the unit, as this backend gathers it
-                b_g = zerojax.stage_report(this, engine, compiled, row["params"])["gather_bytes_per_element"]
-                unit = max(zerojax.unit_size(engine, name) for name in engine.units.names)
+                b_g = measure_lib.stage_report(this, engine, compiled, row["params"])["gather_bytes_per_element"]
+                unit = max(traced.unit_size(engine, name) for name in engine.units.names)
                 row.update(unit_elements=unit, gather_bytes_per_element=b_g)
             found.append(row)
             print(json.dumps(row), flush=True)

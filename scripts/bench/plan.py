@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import zerojax
+from zerojax import config as config_lib
 
 from bench import ENTRY, ROOT, write_json
 from bench.summary import markdown, summary
@@ -112,7 +112,7 @@ def unavailable(m: Measurement, dry_run: bool) -> str | None:
     try:
         if not (ROOT / m.config).is_file():
             raise ValueError(f"{m.config} does not exist")
-        zerojax.load_config(ROOT / m.config, overrides(m, dry_run))
+        config_lib.load(ROOT / m.config, overrides(m, dry_run))
     except ValueError as err:
         if m.feature is None:
             raise

@@ -7,14 +7,15 @@ import json
 import time
 from pathlib import Path
 
-import zerojax
+from zerojax import config as config_lib
+from zerojax.analysis import measure as measure_lib
 
 from bench import write_json
 from bench.measure import device_info, throughput
 
 
 def stages_main(opts) -> int:
-    cfg = zerojax.load_config(opts.config, opts.overrides)
+    cfg = config_lib.load(opts.config, opts.overrides)
     rows = []
     for schedule in opts.schedules.split(","):
         for stage in (int(s) for s in opts.stages.split(",")):
@@ -36,7 +37,7 @@ def stages_summary(cfg, rows: list[dict]) -> dict:
     compile_s = {}
     for n in (2, 16):  # the blocks are a lax.scan: compile time should not grow with depth
         start = time.perf_counter()
-        zerojax.compile_step(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n)))
+        measure_lib.compile_step(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=n)))
         compile_s[n] = time.perf_counter() - start
     return {"compile_s_2_layers": compile_s[2], "compile_s_16_layers": compile_s[16],
             "compile_16_over_2": compile_s[16] / compile_s[2],

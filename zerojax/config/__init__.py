@@ -7,11 +7,21 @@ rules between keys. Importing it imports no jax.
     values.py     parsing a YAML or command-line value to a field's type
     hf_config.py  a Hugging Face config.json as model keys, through the family's layout
     devices.py    device kinds (peak FLOP/s, memory, bandwidths) for `zerojax plan` and MFU; sizes
+
+The package names the sections, loading and the config.json readers; the enumerations are
+`rules.NAME` (`from zerojax.config import rules`).
 """
 
-from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object  # noqa: F401
-from zerojax.config.load import *  # noqa: F401,F403
-from zerojax.config.rules import *  # noqa: F401,F403
-from zerojax.config.sections import *  # noqa: F401,F403
-from zerojax.config.values import coerce  # noqa: F401
-from zerojax.errors import ConfigError  # noqa: F401
+from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object
+from zerojax.config.load import dump, file_in_the_way, load, to_dict
+from zerojax.config.rules import EXPORT_FORMATS, EXPORT_WEIGHTS
+from zerojax.config.sections import (ActionConfig, Config, DataConfig, ExpertConfig, LoraConfig, MeshConfig,
+                                     ModelConfig, OptimConfig, PrecisionConfig, TrainConfig, VisionConfig,
+                                     ZeroConfig)
+from zerojax.config.values import coerce
+from zerojax.errors import ConfigError
+
+__all__ = ["EXPORT_FORMATS", "EXPORT_WEIGHTS", "ActionConfig", "Config", "ConfigError", "DataConfig", "ExpertConfig",
+           "LoraConfig", "MeshConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "TrainConfig", "VisionConfig",
+           "ZeroConfig", "coerce", "dump", "file_in_the_way", "hf_model_keys", "lerobot_dir", "load",
+           "read_json_object", "to_dict"]

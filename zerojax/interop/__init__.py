@@ -5,4 +5,6 @@
     peft.py          LoRA adapters in PEFT's names and files
 
 Nothing here names a model family.
+
+The package names nothing: import the module (`from zerojax.interop import hf`).
 """

@@ -6,4 +6,8 @@
     lora.py      LoRA adapters on a model's nnx.Linear layers
 """
 
-from zerojax.optim.adamw import *  # noqa: F401,F403
+from zerojax.optim.adamw import (NO_DECAY, Optimizer, check_freeze, decay_mask, is_frozen, make_optimizer,
+                                 make_schedule, moving_average)
+
+__all__ = ["NO_DECAY", "Optimizer", "check_freeze", "decay_mask", "is_frozen", "make_optimizer", "make_schedule",
+           "moving_average"]

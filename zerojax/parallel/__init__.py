@@ -4,4 +4,6 @@
     stages.py   a ZeRO stage as four booleans (what is split over `data`)
     plan.py     LeafPlan / Plan / make_plan: each leaf's dim, padding and PartitionSpecs
     trees.py    nested-dict parameter trees: paths, trained and frozen parts, microbatches
+
+The package names nothing: import the module (`from zerojax.parallel import mesh`).
 """

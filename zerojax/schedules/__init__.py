@@ -11,4 +11,6 @@
     quant.py       block-quantized (int8, fp8) weight gathers
 
 Schedules never name a model's attributes: they see the model through `models.protocol.Units`.
+
+The package names nothing: import the module (`from zerojax.schedules import explicit`).
 """

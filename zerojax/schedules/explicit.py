@@ -30,7 +30,7 @@ i computes (a queue of k gathered units carried through the scan), so XLA's asyn
 can overlap it with compute; the forward's last k iterations already gather the backward's
 first k units.
 
-The stage's table (`zerojax.sharding.LAYOUTS`) picks what "gather" and "scatter" mean, once:
+The stage's table (`zerojax.parallel.stages.LAYOUTS`) picks what "gather" and "scatter" mean, once:
     3  gather = all_gather per unit per pass; scatter = psum_scatter per unit
     2  weights all-gathered once per step; scatter = psum_scatter per unit in the backward
     1  weights all-gathered once per step; full local gradients (accumulated over

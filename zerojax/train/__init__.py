@@ -9,16 +9,11 @@
     export.py      a checkpoint as safetensors, a Hugging Face or a PEFT directory
     sample.py      generation, progress bar
 
-`zerojax.train.run`, `prepare` and the loop's other names are imported on first use, so
-`zerojax.train.step` does not import the loop.
+The package names the loop's set-up and run (`prepare`, `run` and what they hand around), so
+importing any of its modules imports the loop too; the rest is `train.MODULE.NAME`.
 """
 
-import importlib
+from zerojax.train.loop import (RunResult, Setup, Stopped, evaluate, global_batch, prepare, resume_step, run,
+                                start_state)
 
-
-def __getattr__(name: str):
-    loop = importlib.import_module("zerojax.train.loop")
-    try:
-        return getattr(loop, name)
-    except AttributeError:
-        raise AttributeError(f"module 'zerojax.train' has no attribute {name!r}") from None
+__all__ = ["RunResult", "Setup", "Stopped", "evaluate", "global_batch", "prepare", "resume_step", "run", "start_state"]

@@ -23,7 +23,7 @@ from zerojax.parallel import mesh as mesh_lib
 from zerojax import data as data_lib
 from zerojax.config import Config, LoraConfig, ModelConfig
 from zerojax.errors import ConfigError
-from zerojax.models import Units
+from zerojax.models.protocol import Units
 from zerojax.optim import Optimizer, make_optimizer, make_schedule
 from zerojax.precision import LossScaler, Policy, make_loss_scaler, make_policy
 from zerojax.parallel import plan as plan_lib
