@@ -15,13 +15,12 @@ The package names the sections, loading and the config.json readers; the enumera
 from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object
 from zerojax.config.load import dump, file_in_the_way, load, to_dict
 from zerojax.config.rules import EXPORT_FORMATS, EXPORT_WEIGHTS
-from zerojax.config.sections import (ActionConfig, Config, DataConfig, ExpertConfig, LoraConfig, MeshConfig,
-                                     ModelConfig, OptimConfig, PrecisionConfig, TrainConfig, VisionConfig,
-                                     ZeroConfig)
+from zerojax.config.sections import (Config, DataConfig, LoraConfig, MeshConfig, ModelConfig, OptimConfig,
+                                     PrecisionConfig, SharedModelConfig, TrainConfig, VisionConfig, ZeroConfig)
 from zerojax.config.values import coerce
 from zerojax.errors import ConfigError
 
-__all__ = ["EXPORT_FORMATS", "EXPORT_WEIGHTS", "ActionConfig", "Config", "ConfigError", "DataConfig", "ExpertConfig",
-           "LoraConfig", "MeshConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "TrainConfig", "VisionConfig",
+__all__ = ["EXPORT_FORMATS", "EXPORT_WEIGHTS", "Config", "ConfigError", "DataConfig", "LoraConfig", "MeshConfig",
+           "ModelConfig", "OptimConfig", "PrecisionConfig", "SharedModelConfig", "TrainConfig", "VisionConfig",
            "ZeroConfig", "coerce", "dump", "file_in_the_way", "hf_model_keys", "lerobot_dir", "load",
            "read_json_object", "to_dict"]
