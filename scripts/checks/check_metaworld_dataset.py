@@ -1,4 +1,4 @@
-"""Check by hand that LeRobot's own LeRobotDataset loads a dataset scripts/collect_metaworld.py
+"""Check by hand that LeRobot's own LeRobotDataset loads a dataset `zerojax collect`
 wrote, and that its frames, states and actions are what the data files and the video hold
 (run in LeRobot 0.4's venv; BENCHMARKS.md "Meta-World" records the command):
 

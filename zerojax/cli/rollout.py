@@ -17,13 +17,13 @@ ENV_KINDS = ("metaworld",)
 
 def arguments(rollout: Parser) -> None:
     rollout.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a π0 run trained on a dataset "
-                         "scripts/collect_metaworld.py wrote (or its export); none with --policy expert")
+                         "`zerojax collect` wrote (or its export); none with --policy expert")
     rollout.add_argument("--env", required=True, metavar="KIND:TASKS", help="metaworld:TASK[,TASK...] (e.g. "
                          "metaworld:reach-v3,drawer-close-v3)")
     rollout.add_argument("--episodes", type=positive_int, default=50, metavar="N", help="seeded episodes per task "
                          "(default 50)")
     rollout.add_argument("--seed", type=int, default=100000, metavar="S", help="episode e starts from the env's "
-                         "reset(S + e) (default 100000: past the seeds collect_metaworld.py records from)")
+                         "reset(S + e) (default 100000: past the seeds `zerojax collect` records from)")
     rollout.add_argument("--policy", choices=["run", "expert"], default="run", help="run: RUN_DIR's π0 (default); "
                          "expert: Meta-World's scripted expert, through the same loop")
     rollout.add_argument("--n-action-steps", type=positive_int, metavar="N", help="actions executed from each chunk "

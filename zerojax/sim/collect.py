@@ -1,5 +1,6 @@
-"""Meta-World's scripted experts' episodes as a LeRobot v3.0 dataset, written with pyarrow and
-PyAV (no torch, no LeRobot), laid out as LeRobot 0.4's `LeRobotDataset.save_episode` lays it out:
+"""`zerojax collect`: Meta-World's scripted experts' episodes as a LeRobot v3.0 dataset, written
+with pyarrow and PyAV (no torch, no LeRobot), laid out as LeRobot 0.4's
+`LeRobotDataset.save_episode` lays it out:
 
     meta/info.json                   codebase v3.0, the features, fps 80, the path templates
     meta/stats.json                  the features' statistics, aggregated over the episodes as
@@ -17,26 +18,22 @@ succeeded (each episode ends at its first success). Statistics: per episode as L
 compute_episode_stats (images per channel in [0, 1], over every frame rather than a sample;
 quantiles exact, where LeRobot estimates them from a histogram), aggregated as LeRobot does.
 
-    MUJOCO_GL=osmesa python scripts/collect_metaworld.py --tasks reach-v3,drawer-close-v3 \
-        --episodes 20 --out /tmp/mw [--size 64] [--seed 0]
+    zerojax collect --tasks reach-v3,drawer-close-v3 --episodes 20 --out /tmp/mw [--size 64] [--seed 0]
+
+(MuJoCo renders through OSMesa unless MUJOCO_GL names another backend: `sim.require`.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerojax import sim  # noqa: E402
-from zerojax.errors import ConfigError  # noqa: E402
-from zerojax.sim import metaworld, video  # noqa: E402
+from zerojax.errors import ConfigError
+from zerojax.sim import metaworld, video
 
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # LeRobot's DEFAULT_QUANTILES
 TASK_SEED_STRIDE = 10000
@@ -196,20 +193,8 @@ def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, lo
         raise ConfigError(f"--out {out}: not empty; give a new directory")
     recorded, tried = [], {}
     for k, task in enumerate(tasks):
-        env = metaworld.Env(task, size)
-        kept, s = 0, seed + TASK_SEED_STRIDE * k
-        while kept < episodes:
-            if s - seed - TASK_SEED_STRIDE * k >= 3 * episodes + 10:
-                raise ConfigError(f"{task}: the scripted expert succeeded in {kept} of {s - seed - TASK_SEED_STRIDE * k} "
-                                  "episodes; choose tasks whose expert succeeds")
-            e = episode(env, s)
-            s += 1
-            if e is not None:
-                e["task_index"] = k
-                recorded.append(e)
-                kept += 1
-        tried[task] = s - seed - TASK_SEED_STRIDE * k
-        env.close()
+        kept, tried[task] = record(task, k, episodes, size, seed)
+        recorded += kept
         log(f"{task}: {episodes} of {tried[task]} expert episodes succeeded", file=sys.stderr)
     start = 0
     for i, e in enumerate(recorded):
@@ -217,19 +202,7 @@ def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, lo
         start += len(e["action"])
     out.mkdir(parents=True, exist_ok=True)
     try:
-        mp4 = out / VIDEOS.format(video_key=metaworld.IMAGE_KEY, chunk_index=0, file_index=0)
-        video_info = video.write(mp4, (f for e in recorded for f in e["image"]), metaworld.FPS)
-        write_data(out / DATA.format(chunk_index=0, file_index=0), recorded)
-        stats = [episode_stats(e) for e in recorded]
-        write_episodes(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet", recorded, tasks, stats)
-        write_tasks(out / "meta" / "tasks.parquet", tasks)
-        total = {key: {k: v.tolist() for k, v in aggregate([s[key] for s in stats]).items()} for key in stats[0]}
-        (out / "meta" / "stats.json").write_text(json.dumps(total, indent=4))
-        info = {"codebase_version": "v3.0", "robot_type": "sawyer", "total_episodes": len(recorded),
-                "total_frames": start, "total_tasks": len(tasks), "chunks_size": 1000, "data_files_size_in_mb": 100,
-                "video_files_size_in_mb": 200, "fps": metaworld.FPS, "splits": {"train": f"0:{len(recorded)}"},
-                "data_path": DATA, "video_path": VIDEOS, "features": features(size, video_info)}
-        (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+        write(out, recorded, tasks, size, start)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # nothing half-written
         raise
@@ -237,25 +210,38 @@ def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, lo
             "seeds": {t: [e["seed"] for e in recorded if e["task_index"] == k] for k, t in enumerate(tasks)}}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", required=True, help="Meta-World tasks, comma-separated (reach-v3,drawer-close-v3)")
-    parser.add_argument("--episodes", type=int, required=True, help="successful expert episodes per task")
-    parser.add_argument("--out", type=Path, required=True, help="a new directory for the dataset")
-    parser.add_argument("--size", type=int, default=64, help="the camera's height and width (default 64)")
-    parser.add_argument("--seed", type=int, default=0, help="the first episode's seed (default 0)")
-    args = parser.parse_args(argv)
-    try:
-        sim.require()
-        start = time.perf_counter()
-        summary = collect([t for t in args.tasks.split(",") if t], args.episodes, args.out, args.size, args.seed)
-    except ConfigError as err:
-        print(f"zerojax: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}: {summary['episodes']} episodes, {summary['frames']} frames in "
-          f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
-    return 0
+def record(task: str, k: int, episodes: int, size: int, seed: int) -> tuple[list[dict], int]:
+    """Task k's first `episodes` successful expert episodes, tried from seed + TASK_SEED_STRIDE k
+    upwards, and how many were tried; a ConfigError where the expert fails too often."""
+    env = metaworld.Env(task, size)
+    kept, first = [], seed + TASK_SEED_STRIDE * k
+    s = first
+    while len(kept) < episodes:
+        if s - first >= 3 * episodes + 10:
+            raise ConfigError(f"{task}: the scripted expert succeeded in {len(kept)} of {s - first} "
+                              "episodes; choose tasks whose expert succeeds")
+        e = episode(env, s)
+        s += 1
+        if e is not None:
+            e["task_index"] = k
+            kept.append(e)
+    env.close()
+    return kept, s - first
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def write(out: Path, recorded: list[dict], tasks: list[str], size: int, frames: int) -> None:
+    """The dataset's files (module docstring) in `out`, the video first: its encoder settings
+    are part of info.json's features."""
+    mp4 = out / VIDEOS.format(video_key=metaworld.IMAGE_KEY, chunk_index=0, file_index=0)
+    video_info = video.write(mp4, (f for e in recorded for f in e["image"]), metaworld.FPS)
+    write_data(out / DATA.format(chunk_index=0, file_index=0), recorded)
+    stats = [episode_stats(e) for e in recorded]
+    write_episodes(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet", recorded, tasks, stats)
+    write_tasks(out / "meta" / "tasks.parquet", tasks)
+    total = {key: {k: v.tolist() for k, v in aggregate([s[key] for s in stats]).items()} for key in stats[0]}
+    (out / "meta" / "stats.json").write_text(json.dumps(total, indent=4))
+    info = {"codebase_version": "v3.0", "robot_type": "sawyer", "total_episodes": len(recorded),
+            "total_frames": frames, "total_tasks": len(tasks), "chunks_size": 1000, "data_files_size_in_mb": 100,
+            "video_files_size_in_mb": 200, "fps": metaworld.FPS, "splits": {"train": f"0:{len(recorded)}"},
+            "data_path": DATA, "video_path": VIDEOS, "features": features(size, video_info)}
+    (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))
