@@ -1,7 +1,7 @@
 # `make train` and `make test` work from a fresh clone: they create .venv from a bare
 # Python >= 3.11 (override with PYTHON=python3.12), install zerojax with the pinned versions
 # of constraints.txt, and run. PYTHON only creates .venv; everything then runs from .venv
-# (scripts/launch_local.sh takes ZEROJAX_PYTHON to run zerojax with another interpreter).
+# (scripts/bench/launch_local.sh takes ZEROJAX_PYTHON to run zerojax with another interpreter).
 PYTHON ?= python3
 unexport PYTHON  # make exports command-line variables to recipes; the tests' tools must not see it
 VENV ?= .venv

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _session_cwd(tmp_path_factory):
     """Module- and session-scoped fixtures run before any test's own directory exists.
 
-    Subprocesses (`python -m zerojax`, scripts/launch_local.sh) no longer start in the checkout,
+    Subprocesses (`python -m zerojax`, scripts/bench/launch_local.sh) no longer start in the checkout,
     so `python -m` would import whichever zerojax the interpreter has installed: put the
     checkout under test first on their PYTHONPATH."""
     with pytest.MonkeyPatch.context() as mp:

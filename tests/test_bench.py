@@ -1,4 +1,4 @@
-"""The GPU benchmark's rehearsal: `scripts/bench_gpu.sh --dry-run` runs the plan on CPU with tiny
+"""The GPU benchmark's rehearsal: `scripts/bench/bench_gpu.sh --dry-run` runs the plan on CPU with tiny
 shapes, and every rehearsed measurement leaves its JSON entry or a named skip; every other
 measurement's config loads. So the script cannot rot between GPUs."""
 
@@ -18,8 +18,8 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench import peer, plan  # noqa: E402 - scripts/bench/, the package behind scripts/bench.py
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+from benchlib import peer, plan  # noqa: E402 - scripts/bench/benchlib/, the package behind scripts/bench/bench.py
 
 THROUGHPUT_KEYS = ("step_s", "tokens_per_sec", "mfu", "compile_s", "params", "loss", "analyze_peak_bytes",
                    "temp_bytes", "comm_bytes", "peak_bytes_in_use", "platform", "devices", "wall_s")
@@ -35,7 +35,7 @@ def clean_env(**more):
 # One measurement of each kind the plan runs (a schedule and its stage, the gspmd peer, offload,
 # quantized gathers, the fit search) and EXTRA's plan_check: the others differ from these only
 # in their configs, which test_every_measurements_config_loads loads. The whole plan (`bash
-# scripts/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
+# scripts/bench/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
 REHEARSED = ("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "offload_optimizer_master_s3", "gather_int8_s3", "fit_s3",
              "plan_check")
 CHOSEN = [m for m in plan.PLAN + plan.EXTRA if m.name in REHEARSED]
@@ -45,7 +45,7 @@ CHOSEN = [m for m in plan.PLAN + plan.EXTRA if m.name in REHEARSED]
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh"), "--dry-run", "--only", ",".join(REHEARSED)],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench" / "bench_gpu.sh"), "--dry-run", "--only", ",".join(REHEARSED)],
                           cwd=ROOT,
                           env=clean_env(OUT=str(out)), capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - start
@@ -139,7 +139,7 @@ def test_missing_feature_is_a_named_skip_but_a_broken_core_config_is_an_error():
 
 
 def test_without_a_gpu_the_real_run_fails_fast_and_says_why(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench_gpu.sh")], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bench" / "bench_gpu.sh")], cwd=ROOT, capture_output=True, text=True,
                           env=clean_env(OUT=str(tmp_path), JAX_PLATFORMS="cpu"), timeout=120)
     assert proc.returncode == 2 and "has no GPU backend" in proc.stderr
     assert not (tmp_path / "bench_gpu.json").exists()
@@ -147,7 +147,7 @@ def test_without_a_gpu_the_real_run_fails_fast_and_says_why(tmp_path):
 
 def run_plan(tmp_path, *args):
     """`bench.py plan --dry-run`, its working files (and so its children's command lines) in tmp_path."""
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench.py"), "plan", "--dry-run",
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bench" / "bench.py"), "plan", "--dry-run",
                              "--out", str(tmp_path / "b.json"), *args], cwd=ROOT, env=clean_env(TMPDIR=str(tmp_path)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -227,7 +227,7 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
     """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
     suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
     only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
-    from bench import measure
+    from benchlib import measure
     from zerojax import config
     from zerojax.parallel import mesh as mesh_lib
     from zerojax.train import step as step_lib
@@ -250,7 +250,7 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
 
 
 def test_pi0_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
-    import pi0_memory  # scripts/pi0_memory.py: the README's π0 memory tables
+    import pi0_memory  # scripts/bench/pi0_memory.py: the README's π0 memory tables
 
     GB = 1e9
     peaks = {"full": (64.8, 33.9, 20.6, 14.2), "full+offload=optimizer": (43.7, 23.0, 15.1, 11.2),

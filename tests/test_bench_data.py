@@ -1,4 +1,4 @@
-"""scripts/bench_data.py's zerojax side, in a few seconds on the tiny LeRobot fixture (`--smoke`:
+"""scripts/bench/bench_data.py's zerojax side, in a few seconds on the tiny LeRobot fixture (`--smoke`:
 no LeRobot venv, no dataset written). The comparison with LeRobot's own loader runs by hand
 (BENCHMARKS.md, "Loading LeRobot datasets")."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_data  # noqa: E402 - scripts/bench_data.py
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+import bench_data  # noqa: E402 - scripts/bench/bench_data.py
 
 TINY = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"  # 19 frames, cameras 24x32 (video) and 16x16 (images)
 

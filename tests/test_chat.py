@@ -1,5 +1,5 @@
 """Chat data (zerojax.data.chat, zerojax.data.template) against transformers' apply_chat_template
-(tests/fixtures/chat, made by scripts/make_chat_fixtures.py), its packed rows, and its bad input."""
+(tests/fixtures/chat, made by scripts/fixtures/make_chat_fixtures.py), its packed rows, and its bad input."""
 
 import json
 from pathlib import Path

@@ -33,7 +33,7 @@ def launch(processes, out, *args, timeout=300):
     """launch_local.sh in a session of its own: past `timeout` the whole group is killed (the
     script and every zerojax process it started), so a stuck run never outlives its test and
     starves the next ones of CPU."""
-    cmd = ["bash", str(ROOT / "scripts" / "launch_local.sh"), str(processes), "--no-progress", *TINY,
+    cmd = ["bash", str(ROOT / "scripts" / "bench" / "launch_local.sh"), str(processes), "--no-progress", *TINY,
            f"train.out_dir={out}", *args]
     with subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as popen:

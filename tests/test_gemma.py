@@ -1,5 +1,5 @@
 """The Gemma family: HF GemmaForCausalLM's layout checked against transformers (the fixture in
-tests/fixtures/hf/gemma, written by scripts/make_hf_fixtures.py --only gemma), stage 3 on 8
+tests/fixtures/hf/gemma, written by scripts/fixtures/make_hf_fixtures.py --only gemma), stage 3 on 8
 devices equal to one device, Gemma-2's keys refused, and the export read back."""
 
 import json

@@ -1,6 +1,6 @@
 """Generation with a key/value cache (zerojax.train.sample, `zerojax generate`): decoding equals
 the full forward, greedy equals transformers' greedy `generate` (tests/fixtures/chat/greedy.json,
-made by scripts/make_chat_fixtures.py), and `zerojax generate --chat` on a trained run."""
+made by scripts/fixtures/make_chat_fixtures.py), and `zerojax generate --chat` on a trained run."""
 
 import io
 import json

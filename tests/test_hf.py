@@ -1,5 +1,5 @@
 """Hugging Face checkpoints in and out, checked against transformers itself: the fixtures in
-tests/fixtures/hf were written by scripts/make_hf_fixtures.py (torch + transformers, in a venv of
+tests/fixtures/hf were written by scripts/fixtures/make_hf_fixtures.py (torch + transformers, in a venv of
 their own), with transformers' fp32 logits for fixed tokens. No torch is needed here."""
 
 import json

@@ -1,5 +1,5 @@
 """Image data (zerojax.data.images) against transformers' PaliGemmaProcessor, whose input_ids,
-token_type_ids and pixel_values for two images and prompts scripts/make_processor_fixtures.py
+token_type_ids and pixel_values for two images and prompts scripts/fixtures/make_processor_fixtures.py
 recorded (tests/fixtures/processor/); the batch as a pure function of (seed, split, step); and
 each kind of bad input as one error line naming the file, raised when the source opens."""
 
@@ -242,7 +242,7 @@ def test_pixels_follow_siglip_on_a_known_image():
 def shapes_vqa():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("shapes_vqa", Path(__file__).parent.parent / "scripts" / "shapes_vqa.py")
+    spec = importlib.util.spec_from_file_location("shapes_vqa", Path(__file__).parent.parent / "scripts" / "fixtures" / "shapes_vqa.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,9 +1,9 @@
 """LeRobot datasets (data.source=lerobot:DIR) against LeRobot itself: tests/fixtures/lerobot/ holds
 a tiny dataset written by LeRobot 0.4's own LeRobotDataset (codebase v3.0), and what LeRobot's
 __getitem__, NormalizerProcessorStep and pi0's resize_with_pad made of it
-(scripts/make_lerobot_dataset.py, run in LeRobot's venv); tests/fixtures/lerobot/v21/ the same
+(scripts/fixtures/make_lerobot_dataset.py, run in LeRobot's venv); tests/fixtures/lerobot/v21/ the same
 dataset written by LeRobot 0.3.3 (codebase v2.1), its __getitem__ and its aggregated statistics
-(scripts/make_lerobot_v21_dataset.py). No torch here."""
+(scripts/fixtures/make_lerobot_v21_dataset.py). No torch here."""
 
 import json
 import shutil

@@ -2,7 +2,7 @@
 
 The base is the tiny Llama fixture (tests/fixtures/hf/llama-gqa, from transformers); the PEFT
 adapter fixture beside it (llama-gqa-lora, with PEFT's own logits) was written by
-scripts/make_peft_fixture.py with torch + transformers + peft. No torch is needed here."""
+scripts/fixtures/make_peft_fixture.py with torch + transformers + peft. No torch is needed here."""
 
 import json
 
@@ -27,7 +27,7 @@ LORA = ["train.global_batch=16", "train.log_every=1", "train.eval_every=0", "tra
         "optim.lora.alpha=8", "optim.lora.targets=*proj/kernel", "train.ckpt_every=0", "train.steps=3",
         "optim.lr=1e-2"]
 ONE_DEVICE = ["mesh.replica=1", "mesh.data=1", "zero.stage=0"]
-# PEFT's per-module ranks and alphas: the adapter scripts/make_peft_fixture.py --mixed wrote with
+# PEFT's per-module ranks and alphas: the adapter scripts/fixtures/make_peft_fixture.py --mixed wrote with
 # rank_pattern {q_proj: 2, down_proj: 8}, alpha_pattern {down_proj: 4}, and the same as our keys
 MIXED = FIXTURES / "llama-gqa-lora-mixed"
 PATTERNS = ["optim.lora.rank_pattern=*q_proj*:2,*down_proj*:8", "optim.lora.alpha_pattern=*down_proj*:4"]

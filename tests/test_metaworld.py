@@ -1,10 +1,12 @@
-"""Meta-World in closed loop: scripts/collect_metaworld.py's episodes read back through
+"""Meta-World in closed loop: `zerojax collect`'s episodes read back through
 `data.source=lerobot:DIR` equal what the environment produced, and `zerojax rollout` runs a
 tiny π0 (trained one step on them) and the scripted expert through seeded episodes. Skipped,
 with the reason, where MuJoCo or its headless OpenGL (OSMesa) cannot be had."""
 
-import importlib.util
+import contextlib
+import io
 import json
+import re
 import sys
 
 import numpy as np
@@ -16,7 +18,7 @@ from zerojax.data import sources
 from zerojax.errors import ConfigError
 
 TASK = "reach-v3"
-SIZE = 32  # the camera (collect_metaworld.py --size)
+SIZE = 32  # the camera (zerojax collect --size)
 
 
 def mujoco_or_skip():
@@ -32,13 +34,6 @@ def mujoco_or_skip():
         pytest.skip(f"no Meta-World here: {err}")
 
 
-def collect_module():
-    spec = importlib.util.spec_from_file_location("collect_metaworld", ROOT / "scripts" / "collect_metaworld.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def metaworld():
     return mujoco_or_skip()
@@ -46,14 +41,19 @@ def metaworld():
 
 @pytest.fixture(scope="module")
 def collected(metaworld, tmp_path_factory):
-    """Two expert episodes of reach-v3 (seeds 0 and 1) written by the script, and the same
-    episodes as the environment plays them again here."""
+    """Two expert episodes of reach-v3 written by `zerojax collect --seed 0`, what it said on
+    stderr, and the expert's episodes from seeds 0 and 1 as the environment plays them again here."""
+    from zerojax.sim import collect
+
     out = tmp_path_factory.mktemp("mw") / "data"
-    collect = collect_module()
-    summary = collect.collect([TASK], 2, out, SIZE, 0, log=lambda *a, **k: None)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # a module fixture: no capsys
+        code = cli.main(["collect", "--tasks", TASK, "--episodes", "2", "--out", str(out), "--size", str(SIZE),
+                         "--seed", "0"])
+    assert code == 0, err.getvalue()
     env = metaworld.Env(TASK, SIZE)
-    played = [collect.episode(env, seed) for seed in summary["seeds"][TASK]]
-    return out, summary, played
+    played = [collect.episode(env, seed) for seed in (0, 1)]
+    return out, err.getvalue(), played
 
 
 # a π0 small enough to compile in seconds, reading the collected dataset
@@ -68,8 +68,10 @@ PI0 = ["model.family=pi0", "model.vocab_size=256", "model.d_model=32", "model.n_
 
 
 def test_collected_episodes_read_back_as_the_environment_produced_them(collected):
-    out, summary, played = collected
-    assert summary["episodes"] == 2 and summary["seeds"] == {TASK: [0, 1]}
+    out, said, played = collected
+    assert f"zerojax: {TASK}: 2 of 2 expert episodes succeeded" in said  # so the seeds were 0 and 1
+    frames = sum(len(e["action"]) for e in played)
+    assert re.search(rf"zerojax: wrote {re.escape(str(out))}: 2 episodes, {frames} frames in ", said), said
     src = sources.open_source(config.load(overrides=[f"data.source=lerobot:{out}", *PI0]))
     ds = src.source.dataset
     assert ds.fps == 80 and ds.tasks == {0: "Reach a goal position"}
@@ -164,10 +166,25 @@ def test_an_unknown_env_kind_or_task_is_refused(metaworld, capsys):
     assert "RUN_DIR" in one_error_line(["rollout", "--env", f"metaworld:{TASK}"], capsys)
 
 
-def test_no_mujoco_is_one_line(capsys, monkeypatch):
+def test_no_mujoco_is_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "metaworld", None)  # as if the sim extra were not installed
     line = one_error_line(["rollout", "--policy", "expert", "--env", f"metaworld:{TASK}"], capsys)
     assert "pip install 'zerojax[sim]'" in line
+    line = one_error_line(["collect", "--tasks", TASK, "--episodes", "1", "--out", str(tmp_path / "mw")], capsys)
+    assert "pip install 'zerojax[sim]'" in line and list(tmp_path.iterdir()) == []
+
+
+def test_collect_refuses_bad_input_before_writing(metaworld, tmp_path, capsys):
+    out = tmp_path / "mw"
+    assert "unknown task 'reach-v9'" in one_error_line(["collect", "--tasks", "reach-v9", "--episodes", "1",
+                                                          "--out", str(out)], capsys)
+    assert "--episodes 0: at least 1" in one_error_line(["collect", "--tasks", TASK, "--episodes", "0",
+                                                           "--out", str(out)], capsys)
+    assert not out.exists()
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert "not empty" in one_error_line(["collect", "--tasks", TASK, "--episodes", "1", "--out", str(out)], capsys)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
 def test_a_run_that_is_not_pi0_or_not_of_metaworld_is_refused(metaworld, tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The PaliGemma family (SigLIP + projector + Gemma): HF PaliGemmaForConditionalGeneration's
 layout checked against transformers (tests/fixtures/hf/paligemma, written by
-scripts/make_hf_fixtures.py --only paligemma) with and without token_type_ids; imported onto 8
+scripts/fixtures/make_hf_fixtures.py --only paligemma) with and without token_type_ids; imported onto 8
 devices at stage 3 and exported back bit for bit; a few steps on 8 devices equal one device's,
 the tower trained or frozen; a checkpoint whose vision config does not tile its images refused."""
 

@@ -1,5 +1,5 @@
 """π0 (`model.family=pi0`): its flow-matching losses and sampled actions equal LeRobot's own
-PyTorch π0 on a tiny random checkpoint (tests/fixtures/lerobot/, scripts/make_lerobot_fixtures.py,
+PyTorch π0 on a tiny random checkpoint (tests/fixtures/lerobot/, scripts/fixtures/make_lerobot_fixtures.py,
 LeRobot 0.3.3 in fp32), and its joint-layer units train on 8 devices as on one."""
 
 import json

@@ -196,7 +196,7 @@ def openpi_python() -> str:
 @pytest.mark.slow
 def test_openpi_clients_own_websocket_client_policy_gets_sample_actions(openpi_python, run_dir, served, port, frames,
                                                                         sample, tmp_path):
-    """scripts/openpi_client_infer.py, in openpi-client's venv, sends two training frames, one built
+    """scripts/checks/openpi_client_infer.py, in openpi-client's venv, sends two training frames, one built
     from the metadata alone, then one without its state: the actions equal sample_actions on the
     training batch with requests 0 and 1's noise (and the in-process policy's bit for bit), and
     the bad one comes back as openpi's client raises a server's error."""
@@ -204,7 +204,7 @@ def test_openpi_clients_own_websocket_client_policy_gets_sample_actions(openpi_p
     np.savez(tmp_path / "obs.npz", **{f"{i}/{k}": np.asarray(v) for i, obs in enumerate(observations[:2])
                                       for k, v in obs.items()})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of zerojax's on its path
-    done = subprocess.run([openpi_python, str(ROOT / "scripts" / "openpi_client_infer.py"), "--port", str(port),
+    done = subprocess.run([openpi_python, str(ROOT / "scripts" / "checks" / "openpi_client_infer.py"), "--port", str(port),
                            str(tmp_path / "obs.npz")], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
@@ -360,7 +360,7 @@ LEROBOT_ARGS = ["--tokenizer", str(LEROBOT / "pi0_tokenizer.json"), "--vision-he
 
 @pytest.fixture(scope="module")
 def lerobot_reference():
-    """scripts/make_lerobot_serve_fixture.py: LeRobot 0.3.3's select_action chunks for two robot
+    """scripts/fixtures/make_lerobot_serve_fixture.py: LeRobot 0.3.3's select_action chunks for two robot
     observations (state in its units, uint8 HWC cameras, cam0 20 x 28: padded), fixed noise."""
     from safetensors import safe_open
 

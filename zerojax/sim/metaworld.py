@@ -1,4 +1,4 @@
-"""Meta-World's tasks as a policy of zerojax sees them (and as scripts/collect_metaworld.py
+"""Meta-World's tasks as a policy of zerojax sees them (and as `zerojax collect`, sim/collect.py,
 records them): LeRobot's set-up (lerobot/envs/metaworld.py, LeRobot 0.4) with the goal made
 observable and the rendering made cheap.
 
@@ -96,12 +96,12 @@ def check_tasks(tasks: list[str]) -> None:
 
 def check_features(features: dict, where: str) -> int:
     """The camera size of a run trained on these features, or a ConfigError where they are not
-    a Meta-World dataset's (collect_metaworld.py's)."""
+    a Meta-World dataset's (`zerojax collect`'s)."""
     state, action, image = (features.get(k, {}).get("shape") for k in (STATE_KEY, "action", IMAGE_KEY))
     if state != [39] or action != [4] or image is None:
         have = ", ".join(f"{k} {v.get('shape')}" for k, v in features.items())
         raise ConfigError(f"{where} was not trained on Meta-World's features ({STATE_KEY} [39], action [4], "
-                          f"{IMAGE_KEY}: a dataset of scripts/collect_metaworld.py); its features: {have}")
+                          f"{IMAGE_KEY}: a dataset of `zerojax collect`); its features: {have}")
     return int(image[0])
 
 

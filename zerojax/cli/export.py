@@ -1,0 +1,46 @@
+"""`zerojax export`: a run's (sharded) checkpoint as one safetensors file, a Hugging Face or
+peft directory, or a LeRobot policy directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zerojax.cli.args import Parser, UsageError, parse_count
+from zerojax.config import rules
+
+HELP = "a run's (sharded) checkpoint as one safetensors file or a Hugging Face directory"
+
+
+def arguments(export: Parser) -> None:
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--out", required=True,
+                        help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft, lerobot)")
+    export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
+                        help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
+                             "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
+                             "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.3.x layout)")
+    export.add_argument("--merge", action="store_true",
+                        help="hf or lerobot, of a LoRA run: the adapters merged into the weights")
+    export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
+                        help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
+    export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")
+    export.add_argument("--step", type=int, help="a checkpoint step (default: the newest)")
+    export.add_argument("--weights", choices=rules.EXPORT_WEIGHTS,
+                        help="ema: the optim.ema average of the trained weights, raw: the weights themselves "
+                             "(default: ema when the checkpoint holds one)")
+    export.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args) -> int:
+    from zerojax.train import export as export_lib
+
+    out = Path(args.out)
+    if args.format == "safetensors" and out.suffix != ".safetensors":
+        raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
+    done = export_lib.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
+                             merge=args.merge, weights=args.weights)
+    print(json.dumps(done) if args.json else
+          f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
+          f"({args.dtype}, {done['weights']} weights) from step {done['step']}")
+    return 0

@@ -1,0 +1,111 @@
+"""`zerojax rollout`: a π0 run (or Meta-World's scripted expert) in closed loop on simulated
+tasks, scored per task. Needs the sim extra, checked after the arguments and before a model
+is loaded."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from zerojax.cli.args import Parser, UsageError, positive_int
+
+HELP = "a π0 run (or the scripted expert) in closed loop on simulated tasks: success rate per task (the sim extra: Meta-World)"
+ENV_KINDS = ("metaworld",)
+
+
+def arguments(rollout: Parser) -> None:
+    rollout.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a π0 run trained on a dataset "
+                         "`zerojax collect` wrote (or its export); none with --policy expert")
+    rollout.add_argument("--env", required=True, metavar="KIND:TASKS", help="metaworld:TASK[,TASK...] (e.g. "
+                         "metaworld:reach-v3,drawer-close-v3)")
+    rollout.add_argument("--episodes", type=positive_int, default=50, metavar="N", help="seeded episodes per task "
+                         "(default 50)")
+    rollout.add_argument("--seed", type=int, default=100000, metavar="S", help="episode e starts from the env's "
+                         "reset(S + e) (default 100000: past the seeds `zerojax collect` records from)")
+    rollout.add_argument("--policy", choices=["run", "expert"], default="run", help="run: RUN_DIR's π0 (default); "
+                         "expert: Meta-World's scripted expert, through the same loop")
+    rollout.add_argument("--n-action-steps", type=positive_int, metavar="N", help="actions executed from each chunk "
+                         "before the next is sampled (LeRobot's n_action_steps; default: the chunk's length)")
+    rollout.add_argument("--num-steps", type=positive_int, default=10, metavar="N",
+                         help="Euler steps of the flow from noise to actions (default 10, as π0's)")
+    rollout.add_argument("--max-steps", type=positive_int, metavar="N", help="cut episodes at N steps (default: the "
+                         "task's max_path_length, 500)")
+    rollout.add_argument("--size", type=positive_int, default=64, metavar="S", help="--policy expert: the camera's "
+                         "size for --video (a run uses its dataset's)")
+    rollout.add_argument("--video", metavar="DIR", help="write MP4s of the first --videos episodes of each task here")
+    rollout.add_argument("--videos", type=positive_int, default=2, metavar="K", help="episodes filmed per task "
+                         "(default 2)")
+    rollout.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    rollout.add_argument("--json", action="store_true", help="stdout: one JSON document")
+
+
+def run(args) -> int:
+    names, video_dir = _check(args)
+    from zerojax import sim
+
+    sim.require()
+    from zerojax.sim import metaworld, rollout
+
+    tasks = [t for t in names.split(",") if t]
+    metaworld.check_tasks(tasks)
+    policy, size, n_action_steps, where = _policy(args)
+    print(f"zerojax: rollout of {where} on {', '.join(tasks)}: {args.episodes} episodes each from seed {args.seed}, "
+          f"{n_action_steps} actions a chunk", file=sys.stderr)
+    start = time.perf_counter()
+    results = rollout.run(policy, tasks, args.episodes, args.seed, n_action_steps, size, video_dir, args.videos,
+                          args.max_steps, progress=not args.no_progress)
+    doc = rollout.summary(results)
+    print(f"zerojax: {len(tasks) * args.episodes} episodes in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    _print(doc, args.json, video_dir)
+    return 0
+
+
+def _check(args) -> tuple[str, Path | None]:
+    """The task names and the video directory, once the arguments are known to be consistent
+    (before the sim extra is looked for, so that bad input is named first)."""
+    kind, _, names = args.env.partition(":")
+    if kind not in ENV_KINDS or not names:
+        raise UsageError(f"--env {args.env!r}: give KIND:TASK[,TASK...] with KIND one of {', '.join(ENV_KINDS)} "
+                         "(e.g. metaworld:reach-v3,drawer-close-v3)")
+    if (args.policy == "run") != (args.run_dir is not None):
+        raise UsageError("give RUN_DIR (a π0 run) or --policy expert, not both" if args.run_dir else
+                         "give RUN_DIR (a π0 run), or --policy expert for Meta-World's scripted expert")
+    video_dir = Path(args.video) if args.video else None
+    if video_dir is not None and video_dir.exists() and not video_dir.is_dir():
+        raise UsageError(f"--video {args.video!r}: not a directory")
+    return names, video_dir
+
+
+def _policy(args):
+    """(policy, camera size, actions executed per chunk, its description) of --policy."""
+    from zerojax.sim import metaworld, rollout
+
+    if args.policy == "expert":
+        return rollout.expert, args.size, 1, "Meta-World's scripted expert"
+    from zerojax.serve import policy as served_lib
+
+    served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
+    size = metaworld.check_features(served.features, served.where)
+    n_action_steps = args.n_action_steps or served.action["horizon"]
+    if n_action_steps > served.action["horizon"]:
+        raise UsageError(f"--n-action-steps {n_action_steps}: the run's chunks hold {served.action['horizon']} "
+                         "actions (model.action.horizon)")
+
+    def policy(obs, request, env):
+        return served.infer({k: v for k, v in obs.items() if k in served.expected_keys}, request)["actions"]
+
+    return policy, size, n_action_steps, served.where
+
+
+def _print(doc: dict, as_json: bool, video_dir: Path | None) -> None:
+    if as_json:
+        print(json.dumps(doc))
+        return
+    for task, r in doc["tasks"].items():
+        print(f"{task:32s} {r['successes']:4d}/{r['episodes']:<4d} {100 * r['success_rate']:6.1f}%")
+    print(f"{'mean success rate':32s} {'':9s} {100 * doc['mean_success_rate']:6.1f}%")
+    if video_dir is not None:
+        print(f"videos: {video_dir}")
