@@ -24,7 +24,7 @@ def arguments(collect: Parser) -> None:
 def run(args) -> int:
     from zerojax import sim
 
-    sim.require()
+    sim.require("collect")
     from zerojax.sim import collect
 
     start = time.perf_counter()
