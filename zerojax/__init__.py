@@ -20,7 +20,7 @@ The rest of the public API lives in its modules; import the module (`from zeroja
     zerojax.analysis.traced    unit_size(engine, stack): parameters of the outer unit (None) or one layer
     zerojax.schedules.quant    the quantized gathers' blocks (quantize, encode, ...)
     zerojax.interop.hf         Hugging Face in and out (`hf.load(DIR)`)
-    zerojax.interop.lerobot    LeRobot's π0 checkpoints in (`lerobot.load(DIR)`)
+    zerojax.interop.lerobot    LeRobot policy checkpoints in (`lerobot.load(DIR)`)
 
 The subpackages, from the bottom up (docs/design.md §3): models, config, parallel, data, schedules,
 optim, interop, train, analysis, report, serve, sim; `cli` is the command line. Each `__init__.py`

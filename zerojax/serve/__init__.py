@@ -1,4 +1,4 @@
-"""`zerojax serve`: a π0 run as a policy behind openpi's websocket protocol, so that openpi's
+"""`zerojax serve`: a policy run (π0's today) behind openpi's websocket protocol, so that openpi's
 `WebsocketClientPolicy` (and the robot runtimes built on it) can drive it.
 
     wire.py    msgpack with numpy arrays, as openpi_client.msgpack_numpy encodes them

@@ -5,7 +5,7 @@ A policy is a function (observation dict, request number) -> action chunk float3
 robot's units. Each episode executes the first n_action_steps of a chunk, then asks for a new
 one from the observation it reached (LeRobot's n_action_steps; the camera is rendered only
 when the policy reads it). Episode e of a task starts from the environment's reset(seed + e);
-a π0 policy draws its noise from its request count, which restarts at 0 for every episode
+a served policy draws its noise from its request count, which restarts at 0 for every episode
 (request = e * 100000 + chunk number), so an episode's actions depend only on (seed, e): the
 same seed gives the same result, whatever else ran before. An episode succeeds where the
 environment's `info["success"]` is set at any step, and ends there or at the task's
