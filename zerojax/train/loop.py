@@ -146,7 +146,7 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     cfg, step = setup.cfg, setup.engine
     if setup.resume_step:
         return checkpoint.restore(ckpt, step.plan, step.mesh, setup.resume_step, abstract, shardings,
-                                  finish=lambda state: state._replace(weights=step.weights_of(state.params)))
+                                  finish=lambda state: state._replace(weights=state_lib.weights_of(step, state.params)))
     loaded = None
     if cfg.model.init_from:  # built straight into the sharded master layout
         loaded = hf.init_params(cfg.model.init_from, step.plan, step.mesh, cfg.model.family, step.units.names)
@@ -241,7 +241,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
                 line = metrics_line(step, metrics, since * tokens_per_step / (time.perf_counter() - tick))
                 line.update(({"mfu": round(mfu(line["tokens_per_sec"]), 4)} if mfu else {}), **sinks_lib.memory_gb())
                 if do_eval:
-                    line["eval_loss"] = evaluate(setup, eval_step, engine.forward_params(state))
+                    line["eval_loss"] = evaluate(setup, eval_step, state_lib.forward_params(engine, state))
                 write_line(log, line)
                 sinks.write(line)
                 history.append(line)
@@ -272,7 +272,7 @@ def write_sample(setup: Setup, state, lead: bool) -> str:
     chat = getattr(setup.source, "sample_messages", None)  # a chat source: a reply to its last conversation
     n_new = cfg.train.sample_tokens
     if n_new and engine.units.has_logits and (setup.corpus is not None or chat):
-        generator = Generator(engine.view, engine.forward_params(state), cfg.model.seq_len, engine.units.has_decode,
+        generator = Generator(engine.view, state_lib.forward_params(engine, state), cfg.model.seq_len, engine.units.has_decode,
                               vocab=setup.source.vocab_size)
         sample = sample_text(generator, setup.corpus, cfg.train.seed, n_new=n_new) if setup.corpus is not None else \
             sample_reply(generator, setup.source, cfg.train.seed, n_new)

@@ -1,9 +1,14 @@
 """The train state: fp32 master weights (or frozen leaves as stored), optax state, the step and
-loss-scale counters, born in the plan's layout and placed where `zero.offload` says."""
+loss-scale counters, born in the plan's layout and placed where `zero.offload` says, and the
+views of it that the step, eval and sampling read.
+
+Its functions take the Engine (`train.step`, which imports this module) for its plan, offload,
+policy and optimizer; it is not imported here, so the two modules stay one-way.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -12,11 +17,8 @@ from zerojax.optim import offload as offload_lib
 from zerojax.precision import LossScaleState
 from zerojax.parallel import plan as plan_lib
 from zerojax.parallel import trees
+from zerojax.schedules import storage
 from zerojax.train.model import build_model
-
-if TYPE_CHECKING:  # the Engine holds what init needs; it imports this module
-    from zerojax.train.step import Engine
-
 
 
 class TrainState(NamedTuple):
@@ -32,7 +34,37 @@ class TrainState(NamedTuple):
     #                  the master (sharded at stages 1-3, 4 bytes a trained parameter); else None
 
 
-def state_shardings(engine: Engine, abstract_state: TrainState):
+# ---------------------------------------------------------------------------------------------
+# Views of the state: what the step, eval and sampling read of it.
+
+
+def weights_of(engine, params):
+    """The device copy of the trained leaves that `optimizer+master` keeps (else None), as
+    `storage.stored_weights` keeps it (bf16 as its bits)."""
+    if not engine.offload.master:
+        return None
+    trained = offload_lib.to_device(trees.trained(params, engine.plan.frozen))
+    return storage.stored_weights(trained, engine.weights_dtype)
+
+
+def step_params(engine, state: TrainState):
+    """What the train step's forward and backward read: the master, or with the master on
+    the host, its device copy (as stored) beside the frozen leaves."""
+    if not engine.offload.master:
+        return state.params
+    return trees.combine(state.weights, trees.frozen_part(state.params, engine.plan.frozen))
+
+
+def forward_params(engine, state: TrainState):
+    """What eval and sampling read: `step_params` with the device copy's values."""
+    return storage.read_weights(step_params(engine, state), engine.weights_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The state's layout and its birth.
+
+
+def state_shardings(engine, abstract_state: TrainState):
     """Where each part of the state lives: the plan's layout, in host memory where zero.offload
     puts it (every optimizer-state copy of a parameter; the trained leaves' master and their EMA)."""
     plan, offload = engine.plan, engine.offload  # frozen leaves: sharded at stage 3 only, never offloaded
@@ -54,7 +86,7 @@ def state_shardings(engine: Engine, abstract_state: TrainState):
     return shardings
 
 
-def init_state(engine: Engine, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
+def init_state(engine, *, abstract: bool = False, loaded: dict | None = None) -> TrainState:
     """Master weights and optimizer state, born in the plan's layout (never gathered whole).
 
     With `abstract`, only the shapes and shardings (for compiling without allocating);
@@ -75,7 +107,7 @@ def init_state(engine: Engine, *, abstract: bool = False, loaded: dict | None = 
         # The EMA starts at the initial weights (openpi's), in its own buffers (a copy: the state
         # is donated to the step, and one buffer cannot be two of its leaves).
         ema = jax.tree.map(jnp.copy, trained) if engine.ema else None
-        return TrainState(zero, params, opt_state, zero, engine.scaler.init(), engine.weights_of(params), ema)
+        return TrainState(zero, params, opt_state, zero, engine.scaler.init(), weights_of(engine, params), ema)
 
     shapes = jax.eval_shape(init, None)
     shardings = state_shardings(engine, shapes)

@@ -32,7 +32,7 @@ from zerojax.schedules import explicit
 from zerojax.schedules.options import StepOptions
 from zerojax.schedules import storage
 from zerojax.train.model import abstract_model, param_plan
-from zerojax.train.state import TrainState, init_state, state_shardings
+from zerojax.train.state import TrainState, init_state, state_shardings, step_params
 
 
 SCHEDULES = {"shard_map": explicit.make_loss_and_grads, "gspmd": gspmd.make_loss_and_grads}
@@ -67,25 +67,6 @@ class Engine:
     def weights_dtype(self):
         """The dtype of the device copy of offloaded master weights (`storage.weights_dtype`)."""
         return storage.weights_dtype(self.policy)
-
-    def weights_of(self, params):
-        """The device copy of the trained leaves that `optimizer+master` keeps (else None), as
-        `storage.stored_weights` keeps it (bf16 as its bits)."""
-        if not self.offload.master:
-            return None
-        trained = offload_lib.to_device(trees.trained(params, self.plan.frozen))
-        return storage.stored_weights(trained, self.weights_dtype)
-
-    def step_params(self, state: TrainState):
-        """What the train step's forward and backward read: the master, or with the master on
-        the host, its device copy (as stored) beside the frozen leaves."""
-        if not self.offload.master:
-            return state.params
-        return trees.combine(state.weights, trees.frozen_part(state.params, self.plan.frozen))
-
-    def forward_params(self, state: TrainState):
-        """What eval and sampling read: `step_params` with the device copy's values."""
-        return storage.read_weights(self.step_params(state), self.weights_dtype)
 
 
 def make_engine(cfg: Config, mesh: Mesh) -> Engine:
@@ -131,7 +112,7 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
         scale = state.loss_scale.scale
         # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
         # reduced or applied, and they come out of the step as they went in.
-        loss, grads = loss_and_grads(engine.step_params(state), batch_BS, scale)
+        loss, grads = loss_and_grads(step_params(engine, state), batch_BS, scale)
         grads = jax.tree.map(lambda g: g / scale, grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
