@@ -28,6 +28,7 @@ state) that the device path applies whole, so a checkpoint saved with offload re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
@@ -85,71 +86,105 @@ def streamed(optimizer: Optimizer, offload: Offload, stacked: tuple[str, ...], w
     the host (and the trained leaves too with `offload.master`), and come to the device one
     piece at a time; `weights` (with `offload.master`, the device copy in `weights_dtype`, kept
     as `storage.stored_weights` keeps it) is rewritten in place from the new master."""
-    params_in = to_device if offload.master else (lambda p: p)
-    params_out = to_host if offload.master else (lambda p: p)
 
     def update(grads, opt_state, params, weights, finite, ema=None):
         clip_state, state = optimizer.split(opt_state)
-        streams_ema = offload.master and ema is not None  # the EMA lives where the master does: the host
         if optimizer.clip is not None:  # needs the whole gradient: on the device, before any piece
             grads, new_clip_state = optimizer.clip.update(grads, clip_state)
             clip_state = _select(finite, new_clip_state, clip_state)
-        counts = cut(state, params, lambda _: None)  # what every piece's update starts from
-        if any(jnp.ndim(x) for x in jax.tree.leaves(counts)):
-            raise NotImplementedError("zero.offload streams optimizer states made of copies of the parameters "
-                                      "(as optax's Adam moments are) and scalars; this state holds other arrays")
-
-        def apply(g, p, s, e=None):
-            """One piece's update on the device: its gradient, parameters and state (its copies cut
-            to the piece, `counts` as they were before the step), and with the EMA on the host its
-            piece `e`, averaged with the new parameters as `moving_average` does. A non-finite step
-            gives the piece back as it was, bit-identical (a select per piece, not a `cond` around
-            host buffers)."""
-            p = params_in(p)
-            updates, new = optimizer.elementwise.update(g, s, p)
-            p_new = optax.apply_updates(p, updates)
-            if e is None:
-                return (*_select(finite, (p_new, new), (p, s)), None)
-            e = to_device(e)
-            e_new = jax.tree.map(lambda a, b: optimizer.ema * a + (1 - optimizer.ema) * b, e, p_new)
-            return _select(finite, (p_new, new, e_new), (p, s, e))
-
+        # The EMA lives where the master does: with `optimizer+master`, on the host, streamed too.
+        step = _Step(optimizer, offload, weights_dtype, finite, streams_ema=offload.master and ema is not None)
+        counts = _counts(state, params)
         new_params, new_weights, new_ema = {}, {}, {}
         outer = [k for k in params if k not in stacked]
         if outer:
-            pick = lambda tree: {k: tree[k] for k in outer}
-            p, s, e = apply(pick(grads), pick(params), cut(state, params, lambda c: to_device(pick(c))),
-                            pick(ema) if streams_ema else None)
-            state = paste(state, params, s, lambda c, new: {**c, **to_host(new)})
-            new_params.update(params_out(p))
-            if offload.master:
-                new_weights.update(stored_weights(p, weights_dtype))
-            if streams_ema:
-                new_ema.update(to_host(e))
-
+            state, p, w, e = _update_outer(step, outer, grads, params, state, ema)
+            new_params.update(p)
+            new_weights.update(w)
+            new_ema.update(e)
         for name in [k for k in params if k in stacked]:
-            def layer(i, carry, name=name, like=params[name]):
-                p_all, s_all, w_all, e_all = carry  # s_all: `state` with its copies cut to this stack
-                piece = paste(s_all, like, counts, lambda c, _: to_device(layer_at(c, i)))
-                p, s, e = apply(layer_at(grads[name], i), layer_at(p_all, i), piece,
-                                layer_at(e_all, i) if streams_ema else None)
-                s_all = paste(s_all, like, s, lambda c, new: layer_put(c, to_host(new), i))
-                w_all = layer_put(w_all, stored_weights(p, weights_dtype), i) if offload.master else w_all
-                e_all = layer_put(e_all, to_host(e), i) if streams_ema else e_all
-                return layer_put(p_all, params_out(p), i), s_all, w_all, e_all
-
-            p, s, w, e = jax.lax.fori_loop(0, jax.tree.leaves(params[name])[0].shape[0], layer,
-                                           (params[name], cut(state, params, lambda c: c[name]),
-                                            weights[name] if offload.master else None,
-                                            ema[name] if streams_ema else None))
-            state = paste(state, params, s, lambda c, new: {**c, name: new})
-            new_params[name], new_weights[name], new_ema[name] = p, w, e
-
+            state, new_params[name], new_weights[name], new_ema[name] = _update_stack(
+                step, name, grads, params, state, counts, weights, ema)
         # The EMA beside a master on the device: averaged whole, as the device path does.
-        ema = new_ema if streams_ema else moving_average(optimizer.ema, ema, new_params, finite)
+        ema = new_ema if step.streams_ema else moving_average(optimizer.ema, ema, new_params, finite)
         return new_params, optimizer.join(clip_state, state), (new_weights if offload.master else None), ema
 
     return update
+
+
+class _Step(NamedTuple):
+    """What every piece of one step's streamed update shares."""
+
+    optimizer: Optimizer
+    offload: Offload
+    weights_dtype: Any  # the device copy's dtype (`offload.master`)
+    finite: jax.Array  # the step's gradient is finite; else every piece goes back as it was
+    streams_ema: bool  # the EMA is on the host beside the master, and streams with it
+
+    def params_in(self, p):
+        return to_device(p) if self.offload.master else p
+
+    def params_out(self, p):
+        return to_host(p) if self.offload.master else p
+
+
+def _counts(state, params):
+    """What every piece's update starts from: the state's scalars (its copies of `params` cut out)."""
+    counts = cut(state, params, lambda _: None)
+    if any(jnp.ndim(x) for x in jax.tree.leaves(counts)):
+        raise NotImplementedError("zero.offload streams optimizer states made of copies of the parameters "
+                                  "(as optax's Adam moments are) and scalars; this state holds other arrays")
+    return counts
+
+
+def _apply(step: _Step, g, p, s, e=None):
+    """One piece's update on the device: its gradient, parameters and state (its copies cut to
+    the piece, the counts as they were before the step), and with the EMA on the host its piece
+    `e`, averaged with the new parameters as `moving_average` does. A non-finite step gives the
+    piece back as it was, bit-identical (a select per piece, not a `cond` around host buffers)."""
+    optimizer = step.optimizer
+    p = step.params_in(p)
+    updates, new = optimizer.elementwise.update(g, s, p)
+    p_new = optax.apply_updates(p, updates)
+    if e is None:
+        return (*_select(step.finite, (p_new, new), (p, s)), None)
+    e = to_device(e)
+    e_new = jax.tree.map(lambda a, b: optimizer.ema * a + (1 - optimizer.ema) * b, e, p_new)
+    return _select(step.finite, (p_new, new, e_new), (p, s, e))
+
+
+def _update_outer(step: _Step, keys, grads, params, state, ema):
+    """The outer unit (the leaves of `keys`, outside every stack) in one piece: (the state with
+    its piece written back, its new parameters, their device copy, their EMA; {} where none)."""
+    pick = lambda tree: {k: tree[k] for k in keys}
+    p, s, e = _apply(step, pick(grads), pick(params), cut(state, params, lambda c: to_device(pick(c))),
+                     pick(ema) if step.streams_ema else None)
+    state = paste(state, params, s, lambda c, new: {**c, **to_host(new)})
+    return (state, step.params_out(p), stored_weights(p, step.weights_dtype) if step.offload.master else {},
+            to_host(e) if step.streams_ema else {})
+
+
+def _update_stack(step: _Step, name: str, grads, params, state, counts, weights, ema):
+    """Stack `name` layer by layer in a `fori_loop`, each layer's pieces brought to the device,
+    updated and written back in place: (the state, the stack's new parameters, their device copy,
+    their EMA; None where none)."""
+    like = params[name]
+
+    def layer(i, carry):
+        p_all, s_all, w_all, e_all = carry  # s_all: `state` with its copies cut to this stack
+        piece = paste(s_all, like, counts, lambda c, _: to_device(layer_at(c, i)))
+        p, s, e = _apply(step, layer_at(grads[name], i), layer_at(p_all, i), piece,
+                         layer_at(e_all, i) if step.streams_ema else None)
+        s_all = paste(s_all, like, s, lambda c, new: layer_put(c, to_host(new), i))
+        w_all = layer_put(w_all, stored_weights(p, step.weights_dtype), i) if step.offload.master else w_all
+        e_all = layer_put(e_all, to_host(e), i) if step.streams_ema else e_all
+        return layer_put(p_all, step.params_out(p), i), s_all, w_all, e_all
+
+    p, s, w, e = jax.lax.fori_loop(0, jax.tree.leaves(like)[0].shape[0], layer,
+                                   (like, cut(state, params, lambda c: c[name]),
+                                    weights[name] if step.offload.master else None,
+                                    ema[name] if step.streams_ema else None))
+    return paste(state, params, s, lambda c, new: {**c, name: new}), p, w, e
 
 
 # An elementwise optimizer's state holds copies of the parameters (Adam's mu and nu), each a
