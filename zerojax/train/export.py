@@ -100,7 +100,25 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete. `weights`: `ema` (the trained leaves' optim.ema average, beside the frozen
     ones), `raw`, or None: ema when the checkpoint holds one."""
+    _check_out(fmt, out)
+    mgr, step, meta = _open_run(run_dir, step)
+    shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
+    saved = dict(shapes)
+    weights = _weights_choice(run_dir, meta, weights)
+    averaged = set(shapes) - set(meta.get("frozen", ())) if weights == "ema" else set()
+    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path], "ema" if path in averaged else "params")
+    _check_adapters(run_dir, fmt, merge, shapes, meta)
+    if merge:
+        blocks_of = _merged(blocks_of, shapes, _lora_settings(meta["config"]))
+        shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
+    written, count = _write(fmt, out, run_dir, meta["config"], step, shapes, dtype, max_shard_bytes, blocks_of)
+    mgr.close()
+    return {"step": step, "format": fmt, "weights": weights, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
+            "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
 
+
+def _check_out(fmt: str, out: Path) -> None:
+    """`--format` is one zerojax writes, and `--out` a new path where one can be made."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
     if out.exists():
@@ -108,12 +126,10 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     in_the_way = file_in_the_way(out.parent)
     if in_the_way:
         raise ConfigError(f"--out {str(out)!r}: {in_the_way} is a file, not a directory")
-    mgr, step, meta = _open_run(run_dir, step)
-    shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
-    saved = dict(shapes)
-    weights = _weights_choice(run_dir, meta, weights)
-    averaged = set(shapes) - set(meta.get("frozen", ())) if weights == "ema" else set()
-    blocks_of = lambda path: _leaf_blocks(mgr, step, path, saved[path], "ema" if path in averaged else "params")
+
+
+def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: dict) -> None:
+    """The format (and `--merge`) can write what the checkpoint holds: its LoRA adapters, or none."""
     adapters = any(is_adapter(p) for p in shapes)
     if fmt == "peft" and not adapters:
         raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
@@ -132,30 +148,33 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if fmt == "hf" and adapters and not merge:
         raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
                           "model with them merged in")
-    if merge:
-        blocks_of = _merged(blocks_of, shapes, _lora_settings(meta["config"]))
-        shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
+
+
+def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
+           max_shard_bytes: int, blocks_of) -> tuple[int, int]:
+    """(bytes written, tensors) of the export of `shapes` in `fmt`, each leaf's blocks from `blocks_of`."""
     if fmt == "peft":
-        stacked = _stacked(meta["config"]["model"])
-        written, count = peft.save_peft(out, meta["config"], shapes, stacked, blocks_of, dtype=dtype,
-                                        settings=_lora_settings(meta["config"]))
-    elif fmt == "lerobot":
-        written, count = lerobot.save(out, Path(run_dir), meta["config"]["model"], shapes,
-                                      _stacked(meta["config"]["model"]), blocks_of, dtype=dtype)
-    elif fmt == "safetensors":
-        tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
-        tmp = out.with_name(out.name + ".tmp")
-        out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
-        regions = safetensors_io.create_safetensors(tmp, tensors, dtype, run_metadata(run_dir, meta["config"], step))
-        safetensors_io.fill(regions, tensors, blocks_of, dtype)
-        tmp.replace(out)  # the file appears only once complete
-        written, count = out.stat().st_size, len(tensors)
-    else:
-        written, count = _export_hf(out, meta["config"]["model"], shapes, dtype, max_shard_bytes, blocks_of,
-                                    meta["config"]["data"].get("tokenizer", ""))
-    mgr.close()
-    return {"step": step, "format": fmt, "weights": weights, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
-            "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
+        stacked = _stacked(config["model"])
+        return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))
+    if fmt == "lerobot":
+        return lerobot.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
+                            dtype=dtype)
+    if fmt == "safetensors":
+        return _export_safetensors(out, run_dir, config, step, shapes, dtype, blocks_of)
+    return _export_hf(out, config["model"], shapes, dtype, max_shard_bytes, blocks_of,
+                      config["data"].get("tokenizer", ""))
+
+
+def _export_safetensors(out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
+                        blocks_of) -> tuple[int, int]:
+    """One safetensors file of zerojax's parameter paths, the run's config and files in its metadata."""
+    tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
+    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
+    regions = safetensors_io.create_safetensors(tmp, tensors, dtype, run_metadata(run_dir, config, step))
+    safetensors_io.fill(regions, tensors, blocks_of, dtype)
+    tmp.replace(out)  # the file appears only once complete
+    return out.stat().st_size, len(tensors)
 
 
 def _weights_choice(run_dir: Path, meta: dict, weights: str | None) -> str:
