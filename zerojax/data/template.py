@@ -99,9 +99,25 @@ def load_template(tokenizer_dir: Path, config: dict) -> ChatTemplate | None:
 def environment(tracking: ContextVar):
     """transformers' chat-template environment; `tracking` holds (rendered blocks, spans) while a
     render records where its `{% generation %}` blocks are."""
-    import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_generation(tracking), jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=_Dict(), namespace=_namespace())
+    return env
+
+
+# The pieces of that environment, transformers' own. jinja2 is imported where it is used (its
+# classes made inside functions), so importing zerojax.data does not load it.
+
+
+def _generation(tracking: ContextVar):
+    """The `{% generation %}` extension, noting its spans in what `tracking` holds."""
+    import jinja2
+    import jinja2.ext
 
     class Generation(jinja2.ext.Extension):
         """`{% generation %}...{% endgeneration %}`: renders its body, noting where it lands."""
@@ -122,6 +138,13 @@ def environment(tracking: ContextVar):
                 spans.append((start, start + len(text)))
             return text
 
+    return Generation
+
+
+def _namespace():
+    """The `namespace` class templates see."""
+    import jinja2
+
     class Namespace(jinja2.utils.Namespace):
         """A namespace that refuses underscore names (no way to CPython's internals)."""
 
@@ -141,22 +164,25 @@ def environment(tracking: ContextVar):
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace")
 
-    class Dict:
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
+    return Namespace
 
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+class _Dict:
+    """The `dict` templates see: a call and `fromkeys`, nothing of the type itself."""
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
-                       dict=Dict(), namespace=Namespace)
-    return env
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _raise_exception(message):
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' `tojson`: JSON that does not escape HTML."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
