@@ -35,48 +35,62 @@ def greedy(model, source: images.ImageSource, indices, max_new: int = 16, batch:
     """The greedy answers to examples `indices` of `source` (`blank`: every image replaced by a
     white one, the text-only baseline's input)."""
     import jax
-    import jax.numpy as jnp
 
-    v, text, T = source.vision, source.text, source.seq_len
+    v, text = source.vision, source.text
     eos = text.tokenizer.token_to_id(text.eos)
     logits_of = jax.jit(model.logits)
     white = None
     answers = []
     for start in range(0, len(indices), batch):
         picked = list(indices[start:start + batch])
-        rows = np.full((len(picked), T), text.pad_id, np.int32)
-        lengths = np.zeros(len(picked), np.int64)
-        for r, i in enumerate(picked):
-            first = source.ids[i][0]
-            n = v.n_image_tokens + len(first)
-            rows[r, :v.n_image_tokens], rows[r, v.n_image_tokens:n], lengths[r] = v.image_token_id, first, n
-        n_prefix = lengths.copy()
+        rows, lengths = _prefix_rows(source, picked)
         if blank:
             white = white if white is not None else images.pixels(_white(v.image_size), v.image_size)
             pixels = np.stack([white] * len(picked))
         else:
             pixels = np.stack([images.decode(source.examples.image(i), source.examples.where(i), v.image_size)
                                for i in picked])
-        done = np.zeros(len(picked), bool)
-        out: list[list[int]] = [[] for _ in picked]
-        for _ in range(max_new):
-            if done.all() or (lengths >= T).all():
-                break
-            types = (np.arange(T)[None, :] >= n_prefix[:, None]).astype(np.int32)
-            logits = logits_of(jnp.asarray(rows), jnp.asarray(pixels), jnp.asarray(types))
-            last = np.asarray(jnp.argmax(logits[np.arange(len(picked)), np.minimum(lengths, T) - 1], -1))
-            for r, token in enumerate(last):
-                if done[r] or lengths[r] >= T:
-                    done[r] = True
-                    continue
-                if token == eos:
-                    done[r] = True
-                    continue
-                out[r].append(int(token))
-                rows[r, lengths[r]] = token
-                lengths[r] += 1
+        out = _decode(logits_of, rows, lengths, pixels, eos, max_new)
         answers += [text.tokenizer.decode(ids, skip_special_tokens=True) for ids in out]
     return answers
+
+
+def _prefix_rows(source: images.ImageSource, picked: list) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [B, T]: each example's image tokens and prompt, padded at the end; their lengths)."""
+    v, text = source.vision, source.text
+    rows = np.full((len(picked), source.seq_len), text.pad_id, np.int32)
+    lengths = np.zeros(len(picked), np.int64)
+    for r, i in enumerate(picked):
+        first = source.ids[i][0]
+        n = v.n_image_tokens + len(first)
+        rows[r, :v.n_image_tokens], rows[r, v.n_image_tokens:n], lengths[r] = v.image_token_id, first, n
+    return rows, lengths
+
+
+def _decode(logits_of, rows: np.ndarray, lengths: np.ndarray, pixels: np.ndarray, eos: int,
+            max_new: int) -> list[list[int]]:
+    """Each row's answer tokens, one argmax at a time after its prefix (`lengths`), until EOS,
+    `max_new` tokens or the end of the row; `rows` and `lengths` grow in place."""
+    import jax.numpy as jnp
+
+    B, T = rows.shape
+    n_prefix = lengths.copy()
+    done = np.zeros(B, bool)
+    out: list[list[int]] = [[] for _ in range(B)]
+    for _ in range(max_new):
+        if done.all() or (lengths >= T).all():
+            break
+        types = (np.arange(T)[None, :] >= n_prefix[:, None]).astype(np.int32)
+        logits = logits_of(jnp.asarray(rows), jnp.asarray(pixels), jnp.asarray(types))
+        last = np.asarray(jnp.argmax(logits[np.arange(B), np.minimum(lengths, T) - 1], -1))
+        for r, token in enumerate(last):
+            if done[r] or lengths[r] >= T or token == eos:
+                done[r] = True
+                continue
+            out[r].append(int(token))
+            rows[r, lengths[r]] = token
+            lengths[r] += 1
+    return out
 
 
 def _white(size: int):
