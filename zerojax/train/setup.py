@@ -97,6 +97,8 @@ class Setup:
 
 
 def prepare(cfg: Config) -> Setup:
+    """The Setup of `cfg`: the engine on its mesh, the data source, model.init_from checked and the
+    checkpoint to resume from; bad input raises ConfigError here, before anything is written."""
     check_run_dir(cfg)
     sinks_lib.check(cfg)
     engine = step_lib.make_engine(cfg, mesh_lib.make_mesh(cfg.mesh))
