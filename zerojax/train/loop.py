@@ -57,9 +57,9 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
     """Train per `cfg`, writing the run directory (and resuming from its newest checkpoint).
     SIGTERM or SIGINT during a step: the loop finishes it, checkpoints and returns."""
     built = build(setup or prepare(cfg))
-    start, lead, steps = built.setup.resume_step, built.lead, cfg.train.steps
+    start, lead, steps, out = built.setup.resume_step, built.lead, cfg.train.steps, cfg.run_dir
     state, history, saved_at, stopped = built.state, [], start, None
-    with open_metrics(cfg.run_dir / "metrics.jsonl", start, lead) as log, sinks_lib.open_sinks(cfg, start, lead) as sinks, \
+    with open_metrics(out / "metrics.jsonl", start, lead) as log, sinks_lib.open_sinks(cfg, start, lead) as sinks, \
             Progress(steps, show_progress and lead, start) as bar, StopSignals() as signals:
         tick, since, pending = time.perf_counter(), 0, None
         for i in range(start, steps):
@@ -88,7 +88,7 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
                 break
     finish_checkpoints(built, state, stopped, saved_at)
     sample = "" if stopped else write_sample(built.setup, state, lead)
-    return RunResult(history, sample, str(cfg.run_dir), state, stopped, start)
+    return RunResult(history, sample, str(out), state, stopped, start)
 
 
 def check_skipped(cfg: Config, pending) -> None:

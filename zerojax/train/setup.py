@@ -52,7 +52,8 @@ def init_source_of(cfg: Config, engine: step_lib.Engine) -> InitSource:
     files = {}
     if model.init_from:
         hf.init_checkpoint(model.init_from, plan, model.family, names)
-        if hf_config.init_source(model.init_from) == hf_config.LEROBOT:  # its config.json and statistics, for the export
+        # A LeRobot policy's config.json and statistics: the run keeps them, for the export.
+        if hf_config.init_source(model.init_from) == hf_config.LEROBOT:
             files = lerobot.init_files(model.init_from)
     if lora.init_from:
         peft.init_adapters(lora.init_from, plan, None, model.family, names,
@@ -174,8 +175,9 @@ def start_state(setup: Setup, ckpt, abstract, shardings):
     """The state the run starts from: its newest checkpoint, `model.init_from`, or a fresh init."""
     engine = setup.engine
     if setup.resume_step:
+        weights = lambda state: state._replace(weights=state_lib.weights_of(engine, state.params))
         return checkpoint.restore(ckpt, engine.plan, engine.mesh, setup.resume_step, abstract, shardings,
-                                  finish=lambda state: state._replace(weights=state_lib.weights_of(engine, state.params)))
+                                  finish=weights)
     return state_lib.init_state(engine, loaded=setup.init.load())
 
 
