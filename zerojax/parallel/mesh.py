@@ -212,10 +212,19 @@ def resolve_launch(cfg: MeshConfig, coordinator: str | None = None, num_processe
     if not 0 <= launch.process_id < launch.num_processes:
         raise ConfigError(f"process id {launch.process_id} must be in [0, {launch.num_processes}) "
                           f"(from {launch.source})")
-    if cfg.cpu_devices % launch.num_processes:
-        raise ConfigError(f"mesh.cpu_devices={cfg.cpu_devices} must be divisible by the {launch.num_processes} "
-                          f"processes (from {launch.source})")
+    if cfg.cpu_devices % launch.num_processes and platforms()[:1] == ["cpu"]:  # see make_mesh for the rest
+        raise ConfigError(_cpu_split(cfg, launch.num_processes) + f" (from {launch.source})")
     return launch
+
+
+def platforms() -> list[str]:
+    """The backends asked for (JAX_PLATFORMS), known before any backend starts; [] if unset."""
+    return [p for p in (jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS") or "").split(",") if p]
+
+
+def _cpu_split(cfg: MeshConfig, processes: int) -> str:
+    return (f"mesh.cpu_devices={cfg.cpu_devices} must be divisible by the {processes} processes (it is split "
+            "between them on a CPU backend)")
 
 
 def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_processes: int | None = None,
@@ -229,7 +238,9 @@ def init_distributed(cfg: MeshConfig, coordinator: str | None = None, num_proces
     if launch is None:
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # only the CPU client uses it
-    _set_cpu_devices(cfg.cpu_devices // launch.num_processes)  # before the backend starts (it starts below)
+    # Before the backend starts (it starts below). Only a CPU backend uses it: 16 GPU nodes with the
+    # default mesh.cpu_devices=8 are not an error (make_mesh checks a CPU run it did not divide).
+    _set_cpu_devices(max(1, cfg.cpu_devices // launch.num_processes))
     wanted = {"initialization_timeout": cfg.timeout_s, "heartbeat_timeout_seconds": cfg.timeout_s,
               "shutdown_timeout_seconds": cfg.timeout_s, "local_device_ids": launch.local_device_ids}
     accepted = inspect.signature(jax.distributed.initialize).parameters
@@ -332,6 +343,8 @@ def shape_note(cfg: MeshConfig, processes: int | None = None) -> str:
 
 def make_mesh(cfg: MeshConfig) -> Mesh:
     devices = setup_devices(cfg)
+    if devices[0].platform == "cpu" and cfg.cpu_devices % jax.process_count():
+        raise ConfigError(_cpu_split(cfg, jax.process_count()))
     shape = mesh_shape(cfg, len(devices), devices[0].platform, jax.process_count())
     # Devices in JAX's order (process by process), so that when mesh.data is a process's device
     # count (the default with several processes) each row of `replica` is one process's devices:
