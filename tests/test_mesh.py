@@ -1,8 +1,19 @@
-"""The mesh is the shape the user asked for: a -1 fills what the other axis leaves."""
+"""The mesh is the shape the user asked for: a -1 fills what the other axis leaves. The launch
+(process id, count, coordinator) is what a launcher's environment says, read as JAX reads it."""
+
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
-from zerojax.parallel.mesh import MeshConfig, mesh_shape, shape_note
+from conftest import ROOT
+from zerojax.cli import build_parser
+from zerojax.errors import ConfigError
+from zerojax.parallel.mesh import Launch, MeshConfig, detect_launch, first_host, mesh_shape, resolve_launch, shape_note
 
 
 def shape(data=-1, replica=-1, devices=8, processes=1):
@@ -59,18 +70,6 @@ def test_the_startup_line_says_when_the_shape_was_chosen_per_process():
 
 # Launch detection (mesh.distributed=auto), from faked environments only: the values JAX's own
 # cluster detection would read (jax/_src/clusters/), and the errors where it could not start.
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
-
-import yaml  # noqa: E402
-
-from conftest import ROOT  # noqa: E402
-from zerojax.cli import build_parser  # noqa: E402
-from zerojax.errors import ConfigError  # noqa: E402
-from zerojax.parallel.mesh import Launch, detect_launch, first_host, resolve_launch  # noqa: E402
 
 SRUN_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_PROCID": "3",
              "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "gpu[007,009]",
@@ -79,7 +78,8 @@ SRUN_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", 
 
 def test_an_srun_step_gives_slurms_process_id_count_and_first_node():
     launch = detect_launch(SRUN_STEP)
-    assert (launch.coordinator, launch.num_processes, launch.process_id) == ("gpu007:61586", 4, 3)  # 61440 + 4242 % 4096
+    # port 61440 + 4242 % 4096: JAX's for step 0
+    assert (launch.coordinator, launch.num_processes, launch.process_id) == ("gpu007:61586", 4, 3)
     assert launch.local_device_ids == (1,)  # two tasks on this node: device SLURM_LOCALID, as in JAX
     assert "SLURM_PROCID=3" in launch.source and "SLURM_NTASKS=4" in launch.source
 
@@ -149,11 +149,13 @@ def test_the_kubernetes_indexed_job_gives_each_pod_its_process_id():
     assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
-    assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]} and pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    assert pod["subdomain"] == service["metadata"]["name"]
     [container] = pod["containers"]
     assert container["command"] == ["zerojax", "train"]
     for index in range(spec["completions"]):
-        args = build_parser().parse_args(["train", *(expand(a, {"JOB_COMPLETION_INDEX": str(index)}) for a in container["args"])])
+        argv = [expand(arg, {"JOB_COMPLETION_INDEX": str(index)}) for arg in container["args"]]
+        args = build_parser().parse_args(["train", *argv])
         launch = resolve_launch(MeshConfig(), args.coordinator, args.num_processes, args.process_id, environ={})
         assert (launch.process_id, launch.num_processes) == (index, spec["completions"])
         # pod 0's name in the Service's domain, as JAX's Kubernetes detection forms it
@@ -163,7 +165,8 @@ def test_the_kubernetes_indexed_job_gives_each_pod_its_process_id():
 class Metadata(BaseHTTPRequestHandler):
     """A TPU VM's metadata server, as far as scripts/tpu/pod_train.sh asks it (worker 1 of 4)."""
 
-    values = {"agent-worker-number": "1", "worker-network-endpoints": "w0:0:10.0.0.2,w1:1:10.0.0.3,w2:2:10.0.0.4,w3:3:10.0.0.5"}
+    values = {"agent-worker-number": "1",
+              "worker-network-endpoints": "w0:0:10.0.0.2,w1:1:10.0.0.3,w2:2:10.0.0.4,w3:3:10.0.0.5"}
 
     def do_GET(self):  # noqa: N802 - the http.server name
         key = self.path.rsplit("/", 1)[-1]
@@ -181,7 +184,8 @@ def test_the_tpu_pod_script_makes_zerojax_see_its_worker():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "OMPI_"))}
-        env.update(GCE_METADATA_IP=f"127.0.0.1:{server.server_port}", ZEROJAX_PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+        env.update(GCE_METADATA_IP=f"127.0.0.1:{server.server_port}", ZEROJAX_PYTHON=sys.executable,
+                   JAX_PLATFORMS="cpu")
         # mesh.cpu_devices=6 does not divide between 4 processes: zerojax stops, naming what it detected
         proc = subprocess.run(["bash", str(ROOT / "scripts" / "tpu" / "pod_train.sh"), "mesh.cpu_devices=6"], env=env,
                               capture_output=True, text=True, timeout=120)

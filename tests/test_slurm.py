@@ -54,8 +54,8 @@ def slurm(tmp_path_factory):
 def sbatch(env, tmp_path, *args, wait=True, script=SBATCH):
     """Submit `script` on 2 nodes x 1 task; (job id, its output file)."""
     output = tmp_path / "job.out"
-    cmd = ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--time=6", f"--chdir={tmp_path}", f"--output={output}",
-           *(["--wait"] if wait else []), str(script), *args]
+    cmd = ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--time=6", f"--chdir={tmp_path}",
+           f"--output={output}", *(["--wait"] if wait else []), str(script), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     job = proc.stdout.strip().split(";")[0]
     if wait:
