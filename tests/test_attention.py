@@ -70,12 +70,13 @@ def test_descriptors_give_the_families_reference_masks():
     np.testing.assert_array_equal(attention.dense(attention.blocks(pad, ar)), make_att_2d_masks(pad, ar))
 
 
-def test_auto_is_the_dense_code_for_one_block_and_cudnn_is_refused_off_gpu():
-    mask, _ = _mask("causal")
-    q, k, v = _inputs(T)
-    one_block = jax.make_jaxpr(lambda *a: attention.attend(*a, mask, attention.Spec("auto", T)))(q, k, v)
-    blocks = jax.make_jaxpr(lambda *a: attention.attend(*a, mask, attention.Spec("auto", 4)))(q, k, v)
-    assert "custom_vjp_call" not in str(one_block) and "custom_vjp_call" in str(blocks)
+def test_auto_is_the_dense_code_for_short_rows_and_cudnn_is_refused_off_gpu():
+    jaxpr = lambda S, impl: str(jax.make_jaxpr(lambda *a: attention.attend(*a, attention.causal(S),
+                                                                          attention.Spec(impl, 64)))(
+        jnp.zeros((1, S, 2, 8)), jnp.zeros((1, S, 2, 8)), jnp.zeros((1, S, 2, 8))))
+    assert "custom_vjp_call" not in jaxpr(attention.DENSE_KEYS, "auto")
+    assert "custom_vjp_call" in jaxpr(attention.DENSE_KEYS, "blockwise")
+    assert "custom_vjp_call" in jaxpr(attention.DENSE_KEYS + 1, "auto")
     if jax.default_backend() != "gpu":
         class Cfg:
             attention, attention_block = "cudnn", 512

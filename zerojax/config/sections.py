@@ -72,7 +72,7 @@ class SharedModelConfig:
     norm_eps: float = 1e-5  # epsilon of the norms (llama: RMSNorm, gpt: LayerNorm)
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
     attention: str = "auto"  # auto | blockwise | cudnn | naive (models/attention.py; auto: cudnn on GPU where the mask allows, else blockwise)
-    attention_block: int = 512  # keys per block of the blockwise attention (need not divide the sequence)
+    attention_block: int = 128  # keys per block of the blockwise attention (need not divide the sequence)
     loss_chunk: int = 1024  # tokens whose logits the loss holds at once (models/protocol.py chunked_text_loss)
     tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false, gemma: true)
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory

@@ -8,8 +8,9 @@ three ways to compute it (`model.attention`):
                Temporaries are O(T · block) per head, not O(T · S); blocks need not divide S
     cudnn      jax.nn.dot_product_attention(implementation="cudnn") for the masks it takes (causal,
                or none) in bf16/fp16; any other mask or dtype runs blockwise. GPU only
-    auto       cudnn on a GPU where it applies, else blockwise; one key block (S <= block) is the
-               dense computation itself, so short sequences run `naive`'s code
+    auto       cudnn on a GPU where it applies, else blockwise; up to DENSE_KEYS keys, the dense
+               code (naive's): on the CPU it is the fastest there, and its [T, S] scores are a few
+               blocks' worth
 
 Pure JAX matters for blockwise: the CPU-compiled peaks that `zerojax analyze` and `plan` read are
 the ones a GPU would see.
@@ -40,6 +41,7 @@ from zerojax.errors import ConfigError
 
 IMPLS = ("auto", "blockwise", "cudnn", "naive")  # model.attention
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)  # cuDNN's fused attention takes half precision only
+DENSE_KEYS = 512  # model.attention=auto computes up to this many keys densely
 NEG = jnp.finfo(jnp.float32).min  # a masked score (a row with no key left averages every key, as naive's softmax)
 
 
@@ -48,7 +50,7 @@ class Spec:
     """How a model computes attention: `impl` one of IMPLS, `block` keys per block (blockwise)."""
 
     impl: str = "auto"
-    block: int = 512
+    block: int = 128
 
 
 def spec_of(cfg) -> Spec:
@@ -130,10 +132,10 @@ def dense(mask: Mask) -> jax.Array:
 def attend(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, mask: Mask | None, spec: Spec = Spec()):
     """softmax(q·k / sqrt(K) where the mask allows) · v, softmax in fp32: [B, T, H, K] in v's dtype."""
     impl, S = spec.impl, k_BSGK.shape[1]
-    if impl in ("auto", "cudnn") and _cudnn_applies(q_BTHK, mask) and (impl == "cudnn" or S > spec.block):
+    if impl in ("auto", "cudnn") and _cudnn_applies(q_BTHK, mask) and (impl == "cudnn" or S > DENSE_KEYS):
         return jax.nn.dot_product_attention(q_BTHK, k_BSGK, v_BSGK, is_causal=mask is not None,
                                             implementation="cudnn").astype(v_BSGK.dtype)
-    if impl == "naive" or (impl != "blockwise" and S <= spec.block):
+    if impl == "naive" or (impl != "blockwise" and S <= DENSE_KEYS):
         return naive(q_BTHK, k_BSGK, v_BSGK, mask)
     if mask is None:
         zeros = jnp.zeros((1, q_BTHK.shape[1]), jnp.int32)
