@@ -84,9 +84,9 @@ def test_auto_is_the_dense_code_for_short_rows_and_cudnn_is_refused_off_gpu():
             attention.spec_of(Cfg)
 
 
-def _tiny_llama(spec, loss_chunk=1024, vocab=61):
+def _tiny_llama(spec, loss_chunk=1024, vocab=61, tie=False):
     return llama.Llama(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
-                       rngs=nnx.Rngs(0), spec=spec, loss_chunk=loss_chunk)
+                       rngs=nnx.Rngs(0), spec=spec, loss_chunk=loss_chunk, tie_embeddings=tie)
 
 
 def _loss_and_grads(model, batch):
@@ -115,13 +115,13 @@ def test_a_model_with_blockwise_attention_equals_naive():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_the_chunked_loss_equals_the_whole_one(masked):
+@pytest.mark.parametrize("masked, tie", [(False, False), (True, False), (True, True)])
+def test_the_chunked_loss_equals_the_whole_one(masked, tie):
     batch = _packed_batch()
     if not masked:
         batch = batch["tokens"]
-    whole, whole_g = _loss_and_grads(_tiny_llama(attention.Spec("naive"), loss_chunk=10_000), batch)
-    chunked, chunked_g = _loss_and_grads(_tiny_llama(attention.Spec("naive"), loss_chunk=5), batch)  # 42 = 8·5 + 2
+    whole, whole_g = _loss_and_grads(_tiny_llama(attention.Spec("naive"), 10_000, tie=tie), batch)
+    chunked, chunked_g = _loss_and_grads(_tiny_llama(attention.Spec("naive"), 5, tie=tie), batch)  # 42 = 8·5 + 2
     np.testing.assert_allclose(chunked, whole, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(chunked_g), jax.tree.leaves(whole_g)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
