@@ -7,7 +7,7 @@ three ways to compute it (`model.attention`):
                saved row maxima and sums (Dao et al. 2022, FlashAttention, Algorithms 1 and 2).
                Temporaries are O(T · block) per head, not O(T · S); blocks need not divide S
     cudnn      jax.nn.dot_product_attention(implementation="cudnn") for the masks it takes (causal,
-               or none) in bf16/fp16; any other mask or dtype runs blockwise. GPU only
+               or none) in bf16/fp16; any other mask or dtype as `auto`. GPU only
     auto       cudnn on a GPU where it applies, else blockwise; up to DENSE_KEYS keys, the dense
                code (naive's): on the CPU it is the fastest there, and its [T, S] scores are a few
                blocks' worth
