@@ -37,7 +37,7 @@ def clean_env(**more):
 # in their configs, which test_every_measurements_config_loads loads. The whole plan (`bash
 # scripts/bench/bench_gpu.sh --dry-run`) takes 136 s on this workplace's 2 cores, these about 100 s.
 REHEARSED = ("gpt1b_s3_shard_map", "gpt1b_s3_gspmd", "offload_optimizer_master_s3", "gather_int8_s3", "fit_s3",
-             "plan_check")
+             "plan_check", "llama1b_8k_blockwise", "llama1b_8k_cudnn")
 CHOSEN = [m for m in plan.PLAN + plan.EXTRA if m.name in REHEARSED]
 
 

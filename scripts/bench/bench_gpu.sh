@@ -7,6 +7,8 @@
 #   bash scripts/bench/bench_gpu.sh             one H200: $OUT/bench_gpu.json (+ .log), default OUT=runs/bench_gpu
 #   bash scripts/bench/bench_gpu.sh --dry-run   the same plan on CPU, tiny shapes (tests/test_bench.py, CI)
 #   bash scripts/bench/bench_gpu.sh [--dry-run] --only gpt1b_s3_shard_map,fit_s3   (more `bench.py plan` options)
+#   bash scripts/bench/bench_gpu.sh --only llama1b_8k_blockwise,llama1b_8k_cudnn   long sequences: cuDNN's
+#        attention against the pure-JAX blockwise one, llama-1b at seq 8192 (benchlib/plan.py's LONG)
 #
 # PYTHON picks the interpreter (GPU: the image's python3, with its jax; dry run: .venv's, else
 # python3). Record the GPU run's summary in BENCHMARKS.md with the date and this command.

@@ -16,6 +16,7 @@ from zerojax.errors import ConfigError
 STAGES = (0, 1, 2, 3)  # zero.stage: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters
 SCHEDULES = ("shard_map", "gspmd")  # zero.schedule: the explicit FSDP unit schedule | annotations only
 OFFLOADS = ("none", "optimizer", "optimizer+master")  # zero.offload: what lives in pinned host memory
+ATTENTIONS = ("auto", "blockwise", "cudnn", "naive")  # model.attention (models.attention.IMPLS)
 REMATS = ("none", "full", "dots")  # model.remat: what a block keeps for its backward (models.protocol.REMAT_POLICIES)
 PARAM_DTYPES = ("float32",)  # precision.param: the master weights
 DTYPES = ("float32", "bfloat16", "float16")  # precision.compute, gather, reduce, frozen

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import re
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+from zerojax.config.rules import (ATTENTIONS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
@@ -71,6 +71,9 @@ class SharedModelConfig:
     rope_theta: float = 10000.0  # llama: rotary embedding base
     norm_eps: float = 1e-5  # epsilon of the norms (llama: RMSNorm, gpt: LayerNorm)
     remat: str = "full"  # activation checkpointing per block: none | full | dots (MaxText default: full)
+    attention: str = "auto"  # auto | blockwise | cudnn | naive (models/attention.py; auto: cudnn on GPU where the mask allows, else blockwise)
+    attention_block: int = 128  # keys per block of the blockwise attention (need not divide the sequence)
+    loss_chunk: int = 1024  # tokens whose logits the loss holds at once (models/protocol.py chunked_text_loss)
     tie_embeddings: bool | None = None  # LM head reuses the token embedding; null = the family's default (gpt: true, llama: false, gemma: true)
     init_from: str = ""  # start from: a `zerojax export` safetensors file, or a Hugging Face model directory
     vision: VisionConfig = field(default_factory=VisionConfig)  # paligemma: the SigLIP tower (model.vision.*)
@@ -92,6 +95,9 @@ class SharedModelConfig:
         for key in ("rope_theta", "norm_eps"):
             _finite(f"model.{key}", getattr(self, key), 0, above=True)
         _choice("model.remat", self.remat, REMATS)
+        _choice("model.attention", self.attention, ATTENTIONS)
+        _at_least("model.attention_block", self.attention_block, 1)
+        _at_least("model.loss_chunk", self.loss_chunk, 1)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}; "

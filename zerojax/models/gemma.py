@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import protocol
+from zerojax.models import attention, protocol
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.models.llama import MLP, Attention
@@ -65,9 +65,10 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 class DecoderLayer(nnx.Module):
     """One pre-norm decoder layer: the unit a ZeRO-3 schedule gathers at a time."""
 
-    def __init__(self, d_model, n_heads, n_kv_heads, head_dim, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs):
+    def __init__(self, d_model, n_heads, n_kv_heads, head_dim, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec()):
         self.input_layernorm = RMSNorm(d_model, eps, policy)
-        self.self_attn = Attention(d_model, n_heads, n_kv_heads, head_dim, theta, policy, rngs)
+        self.self_attn = Attention(d_model, n_heads, n_kv_heads, head_dim, theta, policy, rngs, spec)
         self.post_attention_layernorm = RMSNorm(d_model, eps, policy)
         self.mlp = MLP(d_model, d_ff, policy, rngs, activation=gelu_tanh)  # GeGLU
 
@@ -82,14 +83,17 @@ class Gemma(nnx.Module):
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  head_dim: int, d_ff: int, rope_theta: float = 10000.0, norm_eps: float = 1e-6,
-                 policy: Policy = Policy(), rngs: nnx.Rngs):
+                 policy: Policy = Policy(), rngs: nnx.Rngs, spec: attention.Spec = attention.Spec(),
+                 loss_chunk: int = 1024):
+        self.loss_chunk = loss_chunk  # tokens whose logits the loss holds at once (model.loss_chunk)
         self.embed_tokens = nnx.Embed(vocab_size, d_model, dtype=policy.compute, param_dtype=policy.param,
                                       embedding_init=nnx.initializers.normal(STD), rngs=rngs)
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
-            return DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs)
+            return DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs,
+                                spec)
 
         self.layers = make_layers(rngs)  # every leaf has a leading layer axis [L, ...]
         self.norm = RMSNorm(d_model, norm_eps, policy)
@@ -107,7 +111,7 @@ class Gemma(nnx.Module):
         return self.embed_tokens.attend(self.norm(x_BTD)).astype(jnp.float32)  # tied: no normalizer here
 
     def exit(self, x, batch):
-        return protocol.text_loss(self.head(protocol.unstream(x)[0]), protocol.text(batch))
+        return protocol.chunked_text_loss(self.head, protocol.unstream(x)[0], protocol.text(batch), self.loss_chunk)
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
@@ -135,7 +139,8 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Gemma:
     """The `model.family=gemma` factory."""
     return Gemma(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                  n_kv_heads=cfg.n_kv_heads or cfg.n_heads, head_dim=head_dim_of(cfg), d_ff=cfg.d_ff,
-                 rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, policy=policy, rngs=rngs)
+                 rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, policy=policy, rngs=rngs,
+                 spec=attention.spec_of(cfg), loss_chunk=cfg.loss_chunk)
 
 
 def check_config(cfg) -> None:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import protocol
+from zerojax.models import attention, protocol
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
@@ -59,8 +59,12 @@ class Embedding(nnx.Module):
 
 
 class Attention(nnx.Module):
-    def __init__(self, d_model: int, n_heads: int, n_layers: int, policy: Policy, rngs: nnx.Rngs):
-        self.n_heads = n_heads
+    """Multi-head attention with biases, scaled by head_dim ** -0.5, softmax in fp32
+    (`attention.attend`, computed as `spec` says: model.attention)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_layers: int, policy: Policy, rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec()):
+        self.n_heads, self.spec = n_heads, spec
         self.qkv = _dense(d_model, 3 * d_model, policy, rngs)
         self.out = _dense(d_model, d_model, policy, rngs, std=0.02 / math.sqrt(2 * n_layers))
 
@@ -70,17 +74,11 @@ class Attention(nnx.Module):
         q_BTHK, k_BTHK, v_BTHK = jnp.split(self.qkv(x_BTD).reshape(B, T, 3 * self.n_heads, -1), 3, axis=2)
         structure = structure or {}
         if "kv" in structure:  # decoding (protocol.decode_stack): the cache's keys, the updated cache passed on
-            structure["kv"], mask_BTS = protocol.cached_kv(structure["kv"], k_BTHK, v_BTHK, structure["positions"])
-            k_BTHK, v_BTHK, mask = structure["kv"]["k"], structure["kv"]["v"], mask_BTS[:, None]
+            structure["kv"], mask = protocol.cached_kv(structure["kv"], k_BTHK, v_BTHK, structure["positions"])
+            k_BTHK, v_BTHK = structure["kv"]["k"], structure["kv"]["v"]
         else:
-            mask = (protocol.attention_mask(structure, T)[:, None] if set(structure) - {"positions"}
-                    else jnp.tril(jnp.ones((T, T), bool)))
-        scores_BHTT = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BTHK).astype(jnp.float32)
-        scores_BHTT = scores_BHTT / math.sqrt(q_BTHK.shape[-1])
-        scores_BHTT = jnp.where(mask, scores_BHTT, jnp.finfo(jnp.float32).min)
-        probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1).astype(v_BTHK.dtype)
-        y_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTT, v_BTHK)
-        return self.out(y_BTHK.reshape(B, T, D))
+            mask = attention.of_structure(structure, T)
+        return self.out(attention.attend(q_BTHK, k_BTHK, v_BTHK, mask, self.spec).reshape(B, T, D))
 
 
 class MLP(nnx.Module):
@@ -95,9 +93,10 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """One pre-norm transformer block: the unit a ZeRO-3 schedule gathers at a time."""
 
-    def __init__(self, d_model, n_heads, d_ff, n_layers, policy: Policy, rngs: nnx.Rngs, eps: float = 1e-5):
+    def __init__(self, d_model, n_heads, d_ff, n_layers, policy: Policy, rngs: nnx.Rngs, eps: float = 1e-5,
+                 spec: attention.Spec = attention.Spec()):
         self.ln1 = _norm(d_model, policy, rngs, eps)
-        self.attn = Attention(d_model, n_heads, n_layers, policy, rngs)
+        self.attn = Attention(d_model, n_heads, n_layers, policy, rngs, spec)
         self.ln2 = _norm(d_model, policy, rngs, eps)
         self.mlp = MLP(d_model, d_ff, n_layers, policy, rngs)
 
@@ -125,13 +124,14 @@ class GPT(nnx.Module):
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                  seq_len: int, tie_embeddings: bool = True, norm_eps: float = 1e-5, policy: Policy = Policy(),
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, spec: attention.Spec = attention.Spec(), loss_chunk: int = 1024):
+        self.loss_chunk = loss_chunk  # tokens whose logits the loss holds at once (model.loss_chunk)
         self.embed = Embedding(vocab_size, d_model, seq_len, policy, rngs)
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs: nnx.Rngs) -> Block:
-            return Block(d_model, n_heads, d_ff, n_layers, policy, rngs, norm_eps)
+            return Block(d_model, n_heads, d_ff, n_layers, policy, rngs, norm_eps, spec)
 
         self.blocks = make_blocks(rngs)  # every leaf has a leading layer axis [L, ...]
         self.head = Head(d_model, vocab_size, tie_embeddings, policy, rngs, norm_eps)
@@ -141,7 +141,8 @@ class GPT(nnx.Module):
         return protocol.stream(self.embed(fields.inputs, fields.positions), fields.structure())
 
     def exit(self, x, batch):
-        return protocol.text_loss(self.head(protocol.unstream(x)[0], self.embed), protocol.text(batch))
+        head = lambda h_BTD: self.head(h_BTD, self.embed)
+        return protocol.chunked_text_loss(head, protocol.unstream(x)[0], protocol.text(batch), self.loss_chunk)
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks)."""
@@ -167,7 +168,7 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> GPT:
     tie = TIED_BY_DEFAULT if cfg.tie_embeddings is None else cfg.tie_embeddings
     return GPT(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                d_ff=cfg.d_ff, seq_len=cfg.seq_len, tie_embeddings=tie, norm_eps=cfg.norm_eps, policy=policy,
-               rngs=rngs)
+               rngs=rngs, spec=attention.spec_of(cfg), loss_chunk=cfg.loss_chunk)
 
 
 def check_config(cfg) -> None:

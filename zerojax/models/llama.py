@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import protocol
+from zerojax.models import attention, protocol
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
@@ -51,28 +51,14 @@ def rope(x_BTHK: jax.Array, theta: float, positions_BT: jax.Array | None = None)
     return (x_BTHK * cos + rotated * sin).astype(x_BTHK.dtype)
 
 
-def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
-                     mask_BTS: jax.Array | None = None) -> jax.Array:
-    """Grouped-query attention scaled by head_dim ** -0.5 (G = H: multi-head; G = 1:
-    multi-query), softmax in fp32: [B, T, H, K]. Head h reads key/value head h // (H / G), as
-    HF's repeat_kv. Causal, or as `mask_BTS` says (protocol.attention_mask: [B or 1, T, T])."""
-    B, T, H, K = q_BTHK.shape
-    G = k_BTGK.shape[2]
-    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
-    scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK).astype(jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(K))
-    mask = jnp.tril(jnp.ones((T, T), bool)) if mask_BTS is None else mask_BTS[:, None, None]
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BTGK.dtype)
-    return jnp.einsum("bgrts,bsgk->btgrk", probs, v_BTGK).reshape(B, T, H, K)
-
-
 class Attention(nnx.Module):
-    """Rotary grouped-query attention without biases (Llama's; Gemma's with its own head_dim)."""
+    """Rotary grouped-query attention without biases (Llama's; Gemma's with its own head_dim),
+    scaled by head_dim ** -0.5, softmax in fp32; head h reads key/value head h // (H / G), as HF's
+    repeat_kv (`attention.attend`, computed as `spec` says: model.attention)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, theta: float, policy: Policy,
-                 rngs: nnx.Rngs):
-        self.n_heads, self.n_kv_heads, self.theta = n_heads, n_kv_heads, theta
+                 rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()):
+        self.n_heads, self.n_kv_heads, self.theta, self.spec = n_heads, n_kv_heads, theta, spec
         self.q_proj = _dense(d_model, n_heads * head_dim, policy, rngs)
         self.k_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
         self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
@@ -90,8 +76,8 @@ class Attention(nnx.Module):
             structure["kv"], mask = protocol.cached_kv(structure["kv"], k_BTGK, v_BTGK, pos_BT)
             k_BTGK, v_BTGK = structure["kv"]["k"], structure["kv"]["v"]
         else:
-            mask = protocol.attention_mask(structure, T) if set(structure) - {"positions"} else None
-        return self.o_proj(causal_attention(q_BTHK, k_BTGK, v_BTGK, mask).reshape(B, T, -1))
+            mask = attention.of_structure(structure, T)
+        return self.o_proj(attention.attend(q_BTHK, k_BTGK, v_BTGK, mask, self.spec).reshape(B, T, -1))
 
 
 class MLP(nnx.Module):
@@ -110,9 +96,10 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """One pre-norm decoder layer: the unit a ZeRO-3 schedule gathers at a time."""
 
-    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs):
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec()):
         self.input_layernorm = _norm(d_model, eps, policy, rngs)
-        self.self_attn = Attention(d_model, n_heads, n_kv_heads, d_model // n_heads, theta, policy, rngs)
+        self.self_attn = Attention(d_model, n_heads, n_kv_heads, d_model // n_heads, theta, policy, rngs, spec)
         self.post_attention_layernorm = _norm(d_model, eps, policy, rngs)
         self.mlp = MLP(d_model, d_ff, policy, rngs)
 
@@ -127,14 +114,16 @@ class Llama(nnx.Module):
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
                  rope_theta: float = 10000.0, norm_eps: float = 1e-5, tie_embeddings: bool = False,
-                 policy: Policy = Policy(), rngs: nnx.Rngs):
+                 policy: Policy = Policy(), rngs: nnx.Rngs, spec: attention.Spec = attention.Spec(),
+                 loss_chunk: int = 1024):
+        self.loss_chunk = loss_chunk  # tokens whose logits the loss holds at once (model.loss_chunk)
         self.embed_tokens = nnx.Embed(vocab_size, d_model, dtype=policy.compute, param_dtype=policy.param,
                                       embedding_init=nnx.initializers.normal(STD), rngs=rngs)
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
-            return DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rope_theta, norm_eps, policy, rngs)
+            return DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rope_theta, norm_eps, policy, rngs, spec)
 
         self.layers = make_layers(rngs)  # every leaf has a leading layer axis [L, ...]
         self.norm = _norm(d_model, norm_eps, policy, rngs)
@@ -150,7 +139,7 @@ class Llama(nnx.Module):
         return logits_BTV.astype(jnp.float32)
 
     def exit(self, x, batch):
-        return protocol.text_loss(self.head(protocol.unstream(x)[0]), protocol.text(batch))
+        return protocol.chunked_text_loss(self.head, protocol.unstream(x)[0], protocol.text(batch), self.loss_chunk)
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""
@@ -176,7 +165,8 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Llama:
     """The `model.family=llama` factory."""
     return Llama(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                  n_kv_heads=cfg.n_kv_heads or cfg.n_heads, d_ff=cfg.d_ff, rope_theta=cfg.rope_theta,
-                 norm_eps=cfg.norm_eps, policy=policy, rngs=rngs,
+                 norm_eps=cfg.norm_eps, policy=policy, rngs=rngs, spec=attention.spec_of(cfg),
+                 loss_chunk=cfg.loss_chunk,
                  tie_embeddings=TIED_BY_DEFAULT if cfg.tie_embeddings is None else cfg.tie_embeddings)
 
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import gemma, protocol, siglip
+from zerojax.models import attention, gemma, protocol, siglip
 from zerojax.models.family import VISION_LANGUAGE, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
@@ -56,10 +56,11 @@ class PaliGemma(nnx.Module):
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  head_dim: int, d_ff: int, vision: siglip.Shape, image_token_id: int, rope_theta: float = 10000.0,
-                 norm_eps: float = 1e-6, policy: Policy = Policy(), rngs: nnx.Rngs):
-        self.image_token_id, self.vision_shape = image_token_id, vision
+                 norm_eps: float = 1e-6, policy: Policy = Policy(), rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec(), loss_chunk: int = 1024):
+        self.image_token_id, self.vision_shape, self.loss_chunk = image_token_id, vision, loss_chunk
         self.vision_embeddings = siglip.Embeddings(vision, policy, rngs)
-        self.vision = siglip.make_stack(vision, policy, rngs)
+        self.vision = siglip.make_stack(vision, policy, rngs, spec)
         self.vision_post_layernorm = siglip.layer_norm(vision.d_model, vision.norm_eps, policy, rngs)
         self.multi_modal_projector = nnx.Linear(vision.d_model, d_model, dtype=policy.compute,
                                                 param_dtype=policy.param, rngs=rngs,
@@ -70,7 +71,8 @@ class PaliGemma(nnx.Module):
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> gemma.DecoderLayer:
-            return gemma.DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs)
+            return gemma.DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs,
+                                      spec)
 
         self.layers = make_layers(rngs)
         self.norm = gemma.RMSNorm(d_model, norm_eps, policy)
@@ -90,7 +92,7 @@ class PaliGemma(nnx.Module):
         return protocol.stream(h_BTD, self.structure(fields.structure(), fields.inputs.shape))
 
     def exit(self, x, batch):
-        return protocol.text_loss(self.head(protocol.unstream(x)[0]), protocol.text(batch))
+        return protocol.chunked_text_loss(self.head, protocol.unstream(x)[0], protocol.text(batch), self.loss_chunk)
 
     # -- the pieces ---------------------------------------------------------------------------
 
@@ -155,7 +157,8 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> PaliGemma:
     return PaliGemma(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                      n_kv_heads=cfg.n_kv_heads or cfg.n_heads, head_dim=gemma.head_dim_of(cfg), d_ff=cfg.d_ff,
                      vision=siglip.shape_of(cfg.vision), image_token_id=cfg.image_token_id,
-                     rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, policy=policy, rngs=rngs)
+                     rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, policy=policy, rngs=rngs,
+                     spec=attention.spec_of(cfg), loss_chunk=cfg.loss_chunk)
 
 
 def check_config(cfg) -> None:

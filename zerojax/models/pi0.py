@@ -46,8 +46,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import gemma, pi0_batch, pi0_lerobot, protocol, siglip
-from zerojax.models.vla import make_att_2d_masks, time_embedding
+from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, protocol, siglip
+from zerojax.models.vla import time_embedding
 from zerojax.models.family import POLICY, Family
 from zerojax.models.llama import MLP, _dense, rope
 from zerojax.precision import Policy
@@ -64,7 +64,6 @@ ACTION = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in
 #   optim.lora.targets=language,expert  gemma_2b_lora / gemma_300m_lora, the rest trained)
 COMPONENTS = {"vision": TOWER, "language": LANGUAGE, "vlm": (*TOWER, "multi_modal_projector", *LANGUAGE),
               "expert": EXPERT, "action": ACTION}
-BIG_NEG = -2.3819763e38  # openpi's (gemma/modules.py) masked score
 
 
 class Shape(NamedTuple):
@@ -115,15 +114,12 @@ class Stream(nnx.Module):
         return h_BLW + self.mlp(self.post_attention_layernorm(h_BLW))
 
 
-def attend(q_BTQK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, mask_BTS: jax.Array) -> jax.Array:
-    """Grouped-query attention under a [B, T, S] mask, scores and softmax in fp32: [B, T, Q, K]."""
-    B, T, Q, K = q_BTQK.shape
-    G = k_BSGK.shape[2]
-    q_BTGRK = q_BTQK.reshape(B, T, G, Q // G, K).astype(jnp.float32)
-    scores = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK.astype(jnp.float32)) * K ** -0.5
-    scores = jnp.where(mask_BTS[:, None, None], scores, BIG_NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSGK.dtype)
-    return jnp.einsum("bgrts,bsgk->btgrk", probs, v_BSGK).reshape(B, T, Q, K)
+def attend(q_BTQK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, mask: attention.Mask,
+           spec: attention.Spec) -> jax.Array:
+    """Grouped-query attention under `mask`, scores (from fp32 queries and keys, as openpi's) and
+    softmax in fp32: [B, T, Q, K]. A masked score is fp32's lowest, openpi's -2.38e38: either
+    underflows to a zero weight, and a row with no key left averages every key under both."""
+    return attention.attend(q_BTQK.astype(jnp.float32), k_BSGK.astype(jnp.float32), v_BSGK, mask, spec)
 
 
 class JointLayer(nnx.Module):
@@ -132,8 +128,9 @@ class JointLayer(nnx.Module):
     Its input and output is the dict {"prefix": [B, P, D], "suffix": [B, S, W], "pad": bool
     [B, P+S], "ar": int32 [B, P+S]}: the two streams and what their attention mask is made of."""
 
-    def __init__(self, shape: Shape, policy: Policy, rngs: nnx.Rngs):
+    def __init__(self, shape: Shape, policy: Policy, rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()):
         s = shape
+        self.spec = spec
         self.vlm = Stream(s.d_model, s.n_heads, s.n_kv_heads, s.head_dim, s.d_ff, s.norm_eps, policy, rngs)
         self.expert = Stream(s.expert_d_model, s.n_heads, s.n_kv_heads, s.head_dim, s.expert_d_ff, s.norm_eps,
                              policy, rngs)
@@ -147,22 +144,22 @@ class JointLayer(nnx.Module):
         q = rope(jnp.concatenate([qp, qs.astype(qp.dtype)], axis=1), self.theta, positions_BL)
         k = rope(jnp.concatenate([kp, ks.astype(kp.dtype)], axis=1), self.theta, positions_BL)
         v = jnp.concatenate([vp, vs.astype(vp.dtype)], axis=1)
-        out = attend(q, k, v, make_att_2d_masks(x["pad"], x["ar"]))
+        out = attend(q, k, v, attention.blocks(x["pad"], x["ar"]), self.spec)
         return {**x, "prefix": self.vlm.finish(prefix, out[:, :P]), "suffix": self.expert.finish(suffix, out[:, P:])}
 
-    def prefix_kv(self, prefix: jax.Array, positions_BP: jax.Array, mask_BPP: jax.Array):
+    def prefix_kv(self, prefix: jax.Array, positions_BP: jax.Array, mask: attention.Mask):
         """The prefix alone through the VLM's half (sampling): its output and its keys and values."""
         q, k, v = self.vlm.qkv(prefix)
         q, k = rope(q, self.theta, positions_BP), rope(k, self.theta, positions_BP)
-        return self.vlm.finish(prefix, attend(q, k, v, mask_BPP)), (k, v)
+        return self.vlm.finish(prefix, attend(q, k, v, mask, self.spec)), (k, v)
 
-    def suffix_step(self, suffix: jax.Array, kv, positions_BS: jax.Array, mask_BSL: jax.Array):
+    def suffix_step(self, suffix: jax.Array, kv, positions_BS: jax.Array, mask: attention.Mask):
         """The suffix through the expert's half, attending to the cached prefix and to itself."""
         q, k, v = self.expert.qkv(suffix)
         q, k = rope(q, self.theta, positions_BS), rope(k, self.theta, positions_BS)
         k = jnp.concatenate([kv[0], k.astype(kv[0].dtype)], axis=1)
         v = jnp.concatenate([kv[1], v.astype(kv[1].dtype)], axis=1)
-        return self.expert.finish(suffix, attend(q, k, v, mask_BSL))
+        return self.expert.finish(suffix, attend(q, k, v, mask, self.spec))
 
 
 def _linear(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
@@ -177,10 +174,11 @@ class Pi0(nnx.Module):
     STACKED = ("vision", "layers")
     COMPONENTS = COMPONENTS
 
-    def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs):
+    def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec()):
         s, self.shape, self.vision_shape = shape, shape, vision
         self.vision_embeddings = siglip.Embeddings(vision, policy, rngs)
-        self.vision = siglip.make_stack(vision, policy, rngs)
+        self.vision = siglip.make_stack(vision, policy, rngs, spec)
         self.vision_post_layernorm = siglip.layer_norm(vision.d_model, vision.norm_eps, policy, rngs)
         self.multi_modal_projector = nnx.Linear(vision.d_model, s.d_model, dtype=policy.compute,
                                                 param_dtype=policy.param, rngs=rngs,
@@ -191,7 +189,7 @@ class Pi0(nnx.Module):
         @nnx.split_rngs(splits=s.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> JointLayer:
-            return JointLayer(s, policy, rngs)
+            return JointLayer(s, policy, rngs, spec)
 
         self.layers = make_layers(rngs)
         self.norm = gemma.RMSNorm(s.d_model, s.norm_eps, policy)  # the VLM's final norm (its output is unused)
@@ -296,7 +294,7 @@ class Pi0(nnx.Module):
         prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
         B, P = prefix_pad.shape
         prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
-        prefix_mask = make_att_2d_masks(prefix_pad, jnp.zeros((B, P), jnp.int32))
+        prefix_mask = attention.blocks(prefix_pad, jnp.zeros((B, P), jnp.int32))
         graphdef, stacked = nnx.split(self.layers)
 
         def prefix_layer(h, layer):
@@ -306,8 +304,10 @@ class Pi0(nnx.Module):
         _, cache = jax.lax.scan(prefix_layer, prefix, stacked)  # per layer: keys and values [B, P, G, K]
         S = 1 + self.shape.horizon
         suffix_pad = jnp.ones((B, S), bool)
-        suffix_mask = make_att_2d_masks(suffix_pad, jnp.broadcast_to(jnp.asarray(self.suffix_ar()), (B, S)))
-        mask = jnp.concatenate([jnp.broadcast_to(prefix_pad[:, None], (B, S, P)), suffix_mask], axis=2)
+        suffix_group = jnp.broadcast_to(jnp.cumsum(jnp.asarray(self.suffix_ar(), jnp.int32)), (B, S))  # from 1
+        # the suffix sees the real prefix (group 0) and itself as make_att_2d_masks would
+        mask = attention.Mask(suffix_group, jnp.concatenate([jnp.zeros((B, P), jnp.int32), suffix_group], axis=1),
+                              k_valid=jnp.concatenate([prefix_pad.astype(bool), suffix_pad], axis=1))
         positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.cumsum(suffix_pad.astype(jnp.int32), axis=1) - 1
 
         def velocity(x_t, time):
@@ -366,7 +366,8 @@ def shape_of(cfg) -> Shape:
 
 def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Pi0:
     """The `model.family=pi0` factory."""
-    return Pi0(shape=shape_of(cfg), vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs)
+    return Pi0(shape=shape_of(cfg), vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs,
+               spec=attention.spec_of(cfg))
 
 
 def check_config(cfg) -> None:

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zerojax.models import attention
+
 REMAT_POLICIES = {  # model.remat: what a block's backward may reuse from its forward
     "none": jax.checkpoint_policies.everything_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -164,7 +166,7 @@ def decode_stack(stack, x, cache):
 def cached_kv(kv, k_BTGK: jax.Array, v_BTGK: jax.Array, positions_BT: jax.Array):
     """An attention's side of decoding: the new keys and values written into the cache at their
     positions (consecutive from positions_BT[:, 0], the same in every row; `kv` an int S starts
-    an empty cache of S slots), and which slots each new token attends to: bool [B, T, S], the
+    an empty cache of S slots), and which slots each new token attends to (an attention.Mask): the
     slots up to its own position (later slots hold nothing yet, or a padded prefill's leftovers)."""
     B, T, G, K = k_BTGK.shape
     if isinstance(kv, int):
@@ -172,8 +174,7 @@ def cached_kv(kv, k_BTGK: jax.Array, v_BTGK: jax.Array, positions_BT: jax.Array)
     start = (0, positions_BT[0, 0], 0, 0)
     kv = {"k": jax.lax.dynamic_update_slice(kv["k"], k_BTGK.astype(kv["k"].dtype), start),
           "v": jax.lax.dynamic_update_slice(kv["v"], v_BTGK.astype(kv["v"].dtype), start)}
-    S = kv["k"].shape[1]
-    return kv, positions_BT[:, :, None] >= jnp.arange(S)[None, None]
+    return kv, attention.cached(positions_BT, kv["k"].shape[1])
 
 
 def scan_stack(units: Units, name: str, stacked: dict, x, remat: str = "none", constrain: Callable = _identity):
@@ -301,6 +302,36 @@ def text_loss(logits_BTV: jax.Array, fields: Text):
     keep_BT = fields.loss_mask.astype(jnp.float32)
     count = keep_BT.sum()
     return (token_nll(logits_BTV, fields.targets) * keep_BT).sum() / jnp.maximum(count, 1.0), count
+
+
+def chunked_text_loss(head: Callable, h_BTD: jax.Array, fields: Text, chunk: int):
+    """`text_loss(head(h_BTD), fields)` without [B, T, V] logits: the B·T tokens in chunks of
+    `chunk`, each chunk's logits and their gradient made and dropped in turn (a scan over the
+    chunks under jax.checkpoint, so the backward recomputes one chunk's logits at a time; as
+    levanter's blockwise cross-entropy). `head` maps hidden states [1, C, D] to fp32 logits (a
+    tied head, LoRA on it: whatever the model's head is). B·T <= chunk is `text_loss` itself."""
+    B, T, D = h_BTD.shape
+    N = B * T
+    if N <= chunk:
+        return text_loss(head(h_BTD), fields)
+    n_chunks = -(-N // chunk)
+    keep_N = (jnp.ones((N,), jnp.float32) if fields.loss_mask is None
+              else fields.loss_mask.reshape(N).astype(jnp.float32))
+    pad = lambda x: jnp.pad(x, [(0, n_chunks * chunk - N)] + [(0, 0)] * (x.ndim - 1))
+    h_NCD, t_NC, keep_NC = (pad(x).reshape(n_chunks, chunk, *x.shape[1:])
+                            for x in (h_BTD.reshape(N, D), fields.targets.reshape(N), keep_N))
+
+    @jax.checkpoint
+    def body(total, xs):
+        h_CD, t_C, keep_C = xs
+        nll_C = token_nll(head(h_CD[None]), t_C[None])[0]
+        return total + (nll_C * keep_C).sum(), None
+
+    total, _ = jax.lax.scan(body, jnp.float32(0.0), (h_NCD, t_NC, keep_NC))
+    if fields.loss_mask is None:
+        return total / N
+    count = keep_N.sum()
+    return total / jnp.maximum(count, 1.0), count
 
 
 def inputs(batch_BS: jax.Array) -> jax.Array:

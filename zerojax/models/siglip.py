@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zerojax.models import attention
 from zerojax.models.family import Tensor
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
@@ -109,19 +110,18 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    """Bidirectional multi-head attention with biased projections (SiglipAttention)."""
+    """Bidirectional multi-head attention with biased projections (SiglipAttention): no mask."""
 
-    def __init__(self, d_model: int, n_heads: int, policy: Policy, rngs: nnx.Rngs):
-        self.n_heads = n_heads
+    def __init__(self, d_model: int, n_heads: int, policy: Policy, rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec()):
+        self.n_heads, self.spec = n_heads, spec
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (_linear(d_model, d_model, policy, rngs)
                                                                 for _ in range(4))
 
     def __call__(self, x_BND: jax.Array) -> jax.Array:
         B, N, D = x_BND.shape
         q, k, v = (p(x_BND).reshape(B, N, self.n_heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))
-        scores = jnp.einsum("bnhk,bmhk->bhnm", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(q.shape[-1]))
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return self.out_proj(jnp.einsum("bhnm,bmhk->bnhk", probs, v).reshape(B, N, D))
+        return self.out_proj(attention.attend(q, k, v, None, self.spec).reshape(B, N, D))
 
 
 class MLP(nnx.Module):
@@ -136,9 +136,9 @@ class MLP(nnx.Module):
 class EncoderLayer(nnx.Module):
     """One pre-LN encoder layer (SiglipEncoderLayer): a unit of the tower's stack."""
 
-    def __init__(self, shape: Shape, policy: Policy, rngs: nnx.Rngs):
+    def __init__(self, shape: Shape, policy: Policy, rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()):
         self.layer_norm1 = layer_norm(shape.d_model, shape.norm_eps, policy, rngs)
-        self.self_attn = Attention(shape.d_model, shape.n_heads, policy, rngs)
+        self.self_attn = Attention(shape.d_model, shape.n_heads, policy, rngs, spec)
         self.layer_norm2 = layer_norm(shape.d_model, shape.norm_eps, policy, rngs)
         self.mlp = MLP(shape.d_model, shape.d_ff, policy, rngs)
 
@@ -147,13 +147,13 @@ class EncoderLayer(nnx.Module):
         return x_BND + self.mlp(self.layer_norm2(x_BND))
 
 
-def make_stack(shape: Shape, policy: Policy, rngs: nnx.Rngs):
+def make_stack(shape: Shape, policy: Policy, rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()):
     """The tower's encoder layers as one stack (every leaf with a leading layer axis [L, ...])."""
 
     @nnx.split_rngs(splits=shape.n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def make_layers(rngs: nnx.Rngs) -> EncoderLayer:
-        return EncoderLayer(shape, policy, rngs)
+        return EncoderLayer(shape, policy, rngs, spec)
 
     return make_layers(rngs)
 

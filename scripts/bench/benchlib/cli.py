@@ -12,6 +12,7 @@ import benchlib
 from benchlib.measure import measure_main
 from benchlib.peer import TRANSIENT_SHAPES, transient_main
 from benchlib.plan import BY_NAME, plan_main
+from benchlib.attention import attention_main
 from benchlib.stages import stages_main
 from benchlib.summary import markdown
 
@@ -20,8 +21,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=benchlib.__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     plan, one = sub.add_parser("plan"), sub.add_parser("measure")
-    stages = sub.add_parser("stages")
-    for p in (plan, one, stages):
+    stages, attention = sub.add_parser("stages"), sub.add_parser("attention")
+    for p in (plan, one, stages, attention):
         p.add_argument("--steps", type=int, default=5)
         p.add_argument("--warmup", type=int, default=2)
         p.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU (H200 bf16: 989)")
@@ -41,6 +42,11 @@ def parse_args(argv=None):
     stages.add_argument("--schedules", default="shard_map,gspmd")
     stages.add_argument("--out")
     stages.add_argument("overrides", nargs="*")
+    attention.add_argument("--config")
+    attention.add_argument("--seqs", default="512,2048", help="model.seq_len values")
+    attention.add_argument("--impls", default="naive,auto", help="model.attention values, run in turn at each length")
+    attention.add_argument("--out")
+    attention.add_argument("overrides", nargs="*")
     transient = sub.add_parser("transient")
     transient.add_argument("--shapes", default=",".join(TRANSIENT_SHAPES), help="of " + ", ".join(TRANSIENT_SHAPES))
     transient.add_argument("--out")
@@ -55,5 +61,5 @@ def main(argv=None) -> int:
         return 0
     if opts.command == "stages" and opts.xla_preset:
         mesh_lib.apply_xla_preset(opts.xla_preset)
-    return {"plan": plan_main, "measure": measure_main, "stages": stages_main,
+    return {"plan": plan_main, "measure": measure_main, "stages": stages_main, "attention": attention_main,
             "transient": transient_main}[opts.command](opts)

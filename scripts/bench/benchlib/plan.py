@@ -99,6 +99,20 @@ EXTRA += (
                  "optim.lora.alpha_pattern=expert:32", "optim.lora.targets=language,expert", "optim.lora.base=targets"),
                 config=PI0, dry=(*PI0_DRY, "optim.lora.rank=4", "optim.lora.rank_pattern=expert:8")),
 )
+# Long sequences (issue 34): llama-1b at seq 8192, the flash-style pure-JAX attention against
+# cuDNN's fused one (bf16: configs/llama-1b.yaml's compute dtype), the chunked loss in both.
+# Not in the 8-minute plan: `--only llama1b_8k_blockwise,llama1b_8k_cudnn`. The CPU rehearsal
+# runs both blockwise (cuDNN is refused off a GPU) with blocks of 16 keys on its 32 tokens.
+LONG = ("zero.stage=3", "model.seq_len=8192", "train.global_batch=2")
+LONG_DRY = ("model.n_kv_heads=1", "model.attention=blockwise", "model.attention_block=16")
+EXTRA += (
+    Measurement("llama1b_8k_blockwise", "llama-1b, stage 3, seq 8192, model.attention=blockwise (pure JAX, "
+                "flash-style): step time, tokens/s, peak memory", 70, (*LONG, "model.attention=blockwise"),
+                config=LLAMA_1B, feature="model.attention", dry=LONG_DRY),
+    Measurement("llama1b_8k_cudnn", "the same with model.attention=cudnn (jax.nn.dot_product_attention's cuDNN "
+                "kernel): step time vs blockwise", 70, (*LONG, "model.attention=cudnn"), config=LLAMA_1B,
+                feature="model.attention", baseline="llama1b_8k_blockwise", dry=LONG_DRY),
+)
 BY_NAME = {m.name: m for m in PLAN + EXTRA}
 
 
