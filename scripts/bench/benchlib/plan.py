@@ -212,7 +212,7 @@ def plan_main(opts) -> int:
             for m in chosen:
                 doc["results"].setdefault(m.name, {"status": "skipped", "reason": "cut short by the hard time limit"})
     doc["meta"].update(elapsed_s=round(time.monotonic() - started, 1), finished=True, cut_short=cut)
-    doc["summary"] = summary(doc, PLAN)
+    doc["summary"] = summary(doc, PLAN + EXTRA)
     write_json(out, doc)
     print(markdown(doc))
     return 124 if cut else 0  # as timeout(1) says it
@@ -220,7 +220,7 @@ def plan_main(opts) -> int:
 
 def record(out: Path, doc: dict, name: str, started: float) -> None:
     doc["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
-    doc["summary"] = summary(doc, PLAN)
+    doc["summary"] = summary(doc, PLAN + EXTRA)
     write_json(out, doc)
     entry = doc["results"][name]
     said = entry.get("reason") or entry.get("error") or (f"{entry['tokens_per_sec']:,.0f} tokens/s"
