@@ -89,9 +89,9 @@ def _policy(args):
 
     served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
     size = metaworld.check_features(served.features, served.where)
-    n_action_steps = args.n_action_steps or served.action["horizon"]
-    if n_action_steps > served.action["horizon"]:
-        raise UsageError(f"--n-action-steps {n_action_steps}: the run's chunks hold {served.action['horizon']} "
+    n_action_steps = args.n_action_steps or served.horizon
+    if n_action_steps > served.horizon:
+        raise UsageError(f"--n-action-steps {n_action_steps}: the run's chunks hold {served.horizon} "
                          "actions (model.action.horizon)")
 
     def policy(obs, request, env):
