@@ -1,5 +1,6 @@
-"""LeRobot's π0 checkpoints in and out (a `PI0Policy.save_pretrained` directory: config.json with
-"type": "pi0", model.safetensors with LeRobot's names `model.paligemma_with_expert.…`).
+"""LeRobot policy checkpoints in and out (a `save_pretrained` directory: config.json whose "type"
+names the policy, model.safetensors with LeRobot's tensor names), for any family that declares a
+`LeRobotLayout` (π0's today: its type, names and model keys live in its own room, models/).
 
 In: `model.init_from=DIR`. The model keys come from config.json and the tensors' shapes
 (`config.hf_config.lerobot_model_keys`, through the family's `LEROBOT` layout: LeRobot's
@@ -20,7 +21,7 @@ the starting checkpoint that the model does not use (the expert's `lm_head`: π0
 velocities, not tokens) are copied from model.init_from while that directory is there; without
 it they are left out, which LeRobot's non-strict load accepts (they stay at their init).
 
-    cfg, model = zerojax.lerobot.load(DIR)        # one device, fp32
+    cfg, model = zerojax.interop.lerobot.load(DIR)  # one device, fp32
     model.flow_loss(batch, noise, time)           # LeRobot's PI0FlowMatching.forward
     model.sample_actions(batch, noise)            # LeRobot's sample_actions
 """
