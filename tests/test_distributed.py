@@ -106,6 +106,35 @@ def test_a_dead_process_stops_the_other_and_the_run_resumes(tmp_path):
     assert steps == list(range(1, 31)) and done >= 4
 
 
+def test_sigterm_to_one_process_stops_both_after_the_same_step_and_the_run_resumes(tmp_path):
+    """Slurm signals every task, but never at the same instant: a process that stopped alone
+    would leave the other waiting in a collective. Here only process 1 hears SIGTERM."""
+    reference = one_process(tmp_path / "ref", "train.steps=30", "train.ckpt_every=0")
+    port = 23456 + (os.getpid() + 500) % 1000
+    out = tmp_path / "two"
+    args = ["--no-progress", *TINY, "train.steps=30", "train.ckpt_every=1000", f"train.out_dir={out}",
+            "mesh.timeout_s=20", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "zerojax", "train", *args, "--process-id", str(i)], env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        deadline = time.time() + 240
+        while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 3:
+            assert procs[0].poll() is None and time.time() < deadline, procs[0].stderr.read()[-2000:]
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=120) for p in procs]  # a process stopping alone hangs the other
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    stopped = [line for line in outputs[0][0].splitlines() if "zerojax: stopped by SIGTERM after step" in line]
+    assert len(stopped) == 1, outputs[0][0]
+    step = checkpoint.complete_steps(out)[-1]
+    assert f"after step {step}" in stopped[0] and 3 <= step < 30
+    launch(2, out, "train.steps=30", "train.ckpt_every=1000", timeout=600)
+    np.testing.assert_allclose(losses(out), reference, rtol=1e-5)
+
+
 def test_no_coordinator_is_a_clear_error_not_a_hang(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "zerojax", "train", "--coordinator", "127.0.0.1:9", "--num-processes",
                            "2", "--process-id", "1", "mesh.timeout_s=2", f"train.out_dir={tmp_path}"], env=env(),

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax.config import Config
@@ -80,11 +81,12 @@ def run(cfg: Config, *, show_progress: bool = True, setup: Setup | None = None) 
                 tick, since = time.perf_counter(), 0
             else:
                 bar.update(step)
-            if built.ckpt and (signals.received or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0)):
+            received = signals.stop_after(step)
+            if built.ckpt and (received or (cfg.train.ckpt_every and step % cfg.train.ckpt_every == 0)):
                 save(built, state, step)
                 saved_at = step
-            if signals.received:
-                stopped = Stopped(signals.received, step)
+            if received:
+                stopped = Stopped(received, step)
                 break
     finish_checkpoints(built, state, stopped, saved_at)
     sample = "" if stopped else write_sample(built.setup, state, lead)
@@ -152,16 +154,30 @@ def write_sample(setup: Setup, state, lead: bool) -> str:
 
 class StopSignals:
     """SIGTERM and SIGINT ask the loop to finish its step, checkpoint and return; a second
-    SIGINT aborts at once (KeyboardInterrupt)."""
+    SIGINT aborts at once (KeyboardInterrupt).
+
+    With several processes every one must stop after the same step, or the one still stepping
+    waits forever in a collective the other never joins. SIGTERM there is JAX's preemption
+    notice (`jax.distributed` catches it): whichever processes receive it, all agree on the
+    step after the furthest one (`multihost_utils.reached_preemption_sync_point`, asked once a
+    step), as orbax and MaxText do. SIGINT, typed at one terminal, stays local."""
 
     received: str | None = None
 
     def __enter__(self):
         self.previous = {}
+        self.preemption = jax.process_count() > 1 and jax.config.jax_enable_preemption_service
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # JAX's own SIGTERM handler stays in place where it agrees the step
+            for sig in (signal.SIGINT,) if self.preemption else (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def stop_after(self, step: int) -> str | None:
+        """The signal that stops the run after `step`, or None to go on; call once every step."""
+        if self.preemption and multihost_utils.reached_preemption_sync_point(step):
+            return "SIGTERM"
+        return self.received
 
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
