@@ -180,6 +180,23 @@ def test_bad_rows_are_one_line_naming_the_file_and_row_and_exit_2(what, line, me
     assert not (tmp_path / "run").exists()  # before step 1
 
 
+def test_a_chat_set_with_nothing_to_learn_is_refused_before_step_1(tmp_path, capsys):
+    """train_on=assistant and no assistant turn: every step would be 0/0 (loss NaN), and the run
+    would save an untrained model."""
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"}]} for i in range(6)]
+    source = write_jsonl(tmp_path / "c.jsonl", rows)
+    code = cli.main(["train", f"data.source={source}", f"data.tokenizer={FIXTURES / 'llama3'}", "model.family=llama",
+                     "model.vocab_size=512", f"train.out_dir={tmp_path / 'run'}", "train.steps=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:"), err
+    assert "none of its 5 example(s) has a token the loss counts (data.train_on=assistant)" in err[0], err
+    assert "set data.train_on=all" in err[0] and not (tmp_path / "run").exists()
+    data.open_source(chat_cfg(source, "data.train_on=all"))  # every token counts: fine
+    held_out = write_jsonl(tmp_path / "v.jsonl", rows[:2])
+    with pytest.raises(ConfigError, match=r"data.val_source=.*v.jsonl'?: none of its 2 example"):
+        data.open_source(chat_cfg(write_jsonl(tmp_path / "t.jsonl", conversations(6)), f"data.val_source={held_out}"))
+
+
 def test_messages_need_a_chat_template(tmp_path):
     bare = tmp_path / "tok"
     bare.mkdir()

@@ -8,7 +8,7 @@ import pytest
 from zerojax import config, train
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
-from zerojax.train.metrics import kept_metrics
+from zerojax.train.metrics import kept_metrics, write_line
 
 
 def losses(overrides, **kw):
@@ -101,3 +101,16 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not the last line: not a kill's doing
     with pytest.raises(config.ConfigError, match="line 2: .* is not a metrics line"):
         kept_metrics(path, 3)
+
+
+def test_a_non_finite_metric_is_written_as_json_null(tmp_path):
+    """NaN and Infinity are not JSON: a strict reader (jq, JavaScript's JSON.parse) refuses them."""
+    path = tmp_path / "metrics.jsonl"
+    with path.open("w") as log:
+        write_line(log, {"step": 1, "loss": float("nan"), "grad_norm": float("inf"), "lr": 0.5, "skipped": True})
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"step": 1, "loss": None, "grad_norm": None,
+                                                                   "lr": 0.5, "skipped": True}

@@ -68,8 +68,21 @@ def open(cfg) -> "ChatSource":  # noqa: A001 - the kind module's protocol name
     T1 = cfg.model.seq_len + 1
     train = pack(examples, T1, d.pack, cfg.train.seed)
     val = pack(val_examples, T1, d.pack, cfg.train.seed)
+    check_counted(train, len(examples), f"data.source={d.source!r}", d.train_on)
+    check_counted(val, len(val_examples), f"data.val_source={d.val_source!r}" if d.val_source else
+                  f"data.source={d.source!r}'s held-out rows (data.val_fraction={d.val_fraction})", d.train_on)
     return ChatSource(train, val, encoder.vocab_size, cfg.model.seq_len, cfg.train.seed, cfg.train.global_batch,
                       d.tokenizer, encoder.template, opening(rows) if encoder.template else None)
+
+
+def check_counted(packed: "Packed", n: int, where: str, train_on: str) -> None:
+    """ConfigError when no target of `packed` counts in the loss: a run on it would divide zero
+    by zero at every step (loss NaN) and save an untrained model as if it had learnt."""
+    if not packed.loss_mask.any():
+        why = ("no row has an assistant turn or a completion; give conversations with assistant messages, or "
+               "set data.train_on=all") if train_on == "assistant" else "every example is a single token"
+        raise ConfigError(f"{where}: none of its {n} example(s) has a token the loss counts (data.train_on="
+                          f"{train_on}): {why}")
 
 
 def encoded(source: str, key: str, encoder: "Encoder", cfg) -> tuple[list, list["Example"]]:

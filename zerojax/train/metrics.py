@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 
 import jax
@@ -13,9 +14,15 @@ from zerojax.errors import ConfigError
 
 
 def write_line(log, line: dict) -> None:
-    """One line, flushed (a kill loses at most the line being written: `kept_metrics` drops it)."""
-    log.write(json.dumps(line) + "\n")
+    """One line, flushed (a kill loses at most the line being written: `kept_metrics` drops it).
+    Strict JSON: a non-finite value (a loss of inf or NaN) is written as null."""
+    log.write(json.dumps(finite(line), allow_nan=False) + "\n")
     log.flush()
+
+
+def finite(line: dict) -> dict:
+    """`line` with each non-finite float as None (JSON's null: NaN and Infinity are not JSON)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()}
 
 
 @contextlib.contextmanager

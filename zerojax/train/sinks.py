@@ -50,7 +50,7 @@ class Sinks:
             self.wandb = wandb.init(project=cfg.train.wandb, name=cfg.name, dir=str(cfg.run_dir), resume="allow")
 
     def write(self, line: dict) -> None:
-        scalars = {TAGS[k]: float(v) for k, v in line.items() if k in TAGS}
+        scalars = {TAGS[k]: float(v) for k, v in line.items() if k in TAGS and v is not None}
         if self.tb:
             for tag, value in scalars.items():
                 self.tb.add_scalar(tag, value, line["step"])
