@@ -252,6 +252,10 @@ BAD = {  # what is sent, what the error must say
     "image dtype": (lambda obs: pack({**obs, CAMERAS[0]: obs[CAMERAS[0]].astype(np.int64)}),
                     "'observation.images.front' must be uint8 (0-255) or float in [0, 1]"),
     "no prompt": (lambda obs: pack({k: v for k, v in obs.items() if k != "prompt"}), "no 'prompt'"),
+    "ragged state": (lambda obs: pack({**obs, "observation.state": [[0.5, 1.0], [2.0]]}),
+                     "'observation.state' is not an array of numbers"),
+    "a sliver of an image": (lambda obs: pack({**obs, CAMERAS[0]: np.zeros((1, 4000, 3), np.uint8)}),
+                             "'observation.images.front' is 1 x 4000 pixels: resized to fit the model's"),
     "malformed msgpack": (lambda obs: b"\xc1\x00", "not a msgpack message"),
     "a text frame": (lambda obs: "hello", "expected a binary msgpack frame"),
 }
@@ -271,6 +275,37 @@ def test_a_bad_observation_is_answered_with_its_error_and_others_are_still_serve
     assert closed.value.rcvd.code == 1008
     assert bystander.infer(obs)["actions"].shape == (2, 2)
     assert Client(port).infer(obs)["actions"].shape == (2, 2)
+
+
+class Failing:
+    """A policy whose inference fails as a bug would, its message holding a server path."""
+
+    max_message_bytes = 1 << 20
+
+    def metadata(self):
+        return {"action_horizon": 1}
+
+    def infer(self, obs, request):
+        if obs.get("fail"):
+            raise RuntimeError(f"bug in {Path(server.__file__).resolve()}")
+        return {"actions": np.zeros((1, 1), np.float32)}
+
+
+def test_a_failure_inside_the_policy_shows_the_client_no_traceback_and_others_are_served():
+    srv = server.PolicyServer(Failing(), port=0)
+    port = srv.start()
+    try:
+        bystander, bad = Client(port), Client(port)
+        bad.ws.send(pack({"fail": True}))
+        reply = bad.ws.recv()
+        assert isinstance(reply, str) and "the policy failed on this observation (error 1" in reply, reply
+        assert "Traceback" not in reply and "/" not in reply and "bug in" not in reply, reply
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            bad.ws.recv()
+        assert closed.value.rcvd.code == 1011
+        assert bystander.infer({})["actions"].shape == (1, 1)
+    finally:
+        srv.stop()
 
 
 def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, frames):

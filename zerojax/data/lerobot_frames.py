@@ -116,6 +116,13 @@ def bilinear_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.
     return i0, i1, np.float32(1) - w1, w1
 
 
+def resizable(h: int, w: int, size: int) -> bool:
+    """Whether an h x w image keeps at least a pixel on each side once `resize_with_pad` fits it
+    into size x size (a 1 x 1000 strip into 224 x 224 would be 0 pixels high)."""
+    ratio = max(w / size, h / size)
+    return (h, w) == (size, size) or (int(h / ratio) >= 1 and int(w / ratio) >= 1)
+
+
 def resize_with_pad(image_CHW: np.ndarray, size: int, pad_before: bool = False) -> np.ndarray:
     """An image in [-1, 1] resized to fit size x size without distortion (bilinear), then padded
     with -1 (black), centred: openpi's `resize_with_pad`, which LeRobot 0.4's pi0 copies.

@@ -135,7 +135,7 @@ class ServedPolicy:
                              [f"no {', '.join(map(repr, missing))}"] * bool(missing))
             raise ObservationError(f"observation: {what}; this policy reads {self.expected()}")
         raw = {STATE: state(obs[STATE], self.state_dim), "task": instruction(obs)}
-        raw.update({c: camera(c, obs[c]) for c in self.cameras})
+        raw.update({c: camera(c, obs[c], self.image_size) for c in self.cameras})
         return raw
 
     @property
@@ -163,8 +163,17 @@ def width(feature: dict) -> int:
     return int(math.prod(feature["shape"]))
 
 
+def array(key: str, value) -> np.ndarray:
+    """`value` as a numpy array, or an ObservationError naming `key` (a ragged nested list, say)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ObservationError(f"observation: {key!r} is not an array of numbers ({str(err).splitlines()[0][:120]})"
+                               ) from None
+
+
 def state(value, dim: int) -> np.ndarray:
-    x = np.asarray(value)
+    x = array(STATE, value)
     if x.dtype.kind not in "fiu" or x.shape != (dim,):
         raise ObservationError(f"observation: {STATE!r} must be {dim} real numbers (shape [{dim}], as the dataset's "
                                f"state); got shape {list(x.shape)}, dtype {x.dtype}")
@@ -184,12 +193,17 @@ def instruction(obs: dict) -> str:
     return text
 
 
-def camera(key: str, value) -> np.ndarray:
-    """A camera image as the dataset's frames come out of decoding: float32 [3, h, w] in [0, 1]."""
-    x = np.asarray(value)
+def camera(key: str, value, size: int) -> np.ndarray:
+    """A camera image as the dataset's frames come out of decoding: float32 [3, h, w] in [0, 1]
+    (`size`: the model's square input, which the image must still cover once resized to fit it)."""
+    x = array(key, value)
     if x.ndim != 3 or 3 not in (x.shape[0], x.shape[-1]) or min(x.shape) == 0:
         raise ObservationError(f"observation: {key!r} must be an RGB image, uint8 [h, w, 3] (or [3, h, w]); got "
                                f"shape {list(x.shape)}")
+    h, w = x.shape[:2] if x.shape[-1] == 3 else x.shape[1:]
+    if not lerobot_frames.resizable(h, w, size):
+        raise ObservationError(f"observation: {key!r} is {h} x {w} pixels: resized to fit the model's {size} x {size} "
+                               f"its short side would vanish; give an image at most {size}:1 in aspect")
     if x.dtype == np.uint8:  # [h, w, 3] unless only the first axis is 3
         return lerobot_frames.to_unit_float(x if x.shape[-1] == 3 else x.transpose(1, 2, 0))
     if x.dtype.kind != "f":

@@ -8,8 +8,9 @@ packages/openpi-client/src/openpi_client/websocket_client_policy.py):
                  "prev_total_ms": ...}} (prev_total_ms from the second request on: the previous
                  request's time from waiting for it to its answer sent, as openpi measures it)
     on an error  a text frame (a bad observation or message: the one-line reason; anything else:
-                 the traceback), then the server closes that connection (1008 for bad input,
-                 1011 otherwise); other connections are served on
+                 that it failed and the error's number, the traceback only in the server's log:
+                 never code, paths or values to a remote client), then the server closes that
+                 connection (1008 for bad input, 1011 otherwise); other connections are served on
     GET /healthz 200 "OK"
 
 Requests are answered one at a time, in the event loop's thread (as openpi's server does): a
@@ -27,7 +28,6 @@ import itertools
 import logging
 import threading
 import time
-import traceback
 
 import websockets
 from websockets.asyncio import server as ws_server
@@ -49,6 +49,7 @@ class PolicyServer:
         self.policy, self.host, self.port, self.api_key = policy, host, port, api_key
         self._metadata = wire.pack(policy.metadata())
         self._requests = itertools.count()
+        self._failures = itertools.count(1)
         self._loop = self._server = self._thread = None
 
     def serve_forever(self, on_ready=None) -> None:
@@ -129,10 +130,11 @@ class PolicyServer:
         if isinstance(err, BAD_INPUT):
             log.warning("%s: %s", connection.remote_address, err)
             text, code, reason = str(err), CloseCode.POLICY_VIOLATION, "bad observation, see the previous frame"
-        else:
-            log.error("%s: inference failed", connection.remote_address, exc_info=err)
-            text = "".join(traceback.format_exception(err))
-            code, reason = CloseCode.INTERNAL_ERROR, "internal server error, traceback in the previous frame"
+        else:  # the traceback stays in the server's log: a remote client sees no code, path or value
+            number = next(self._failures)
+            log.error("%s: inference failed (error %d)", connection.remote_address, number, exc_info=err)
+            text = f"the policy failed on this observation (error {number} in the server's log)"
+            code, reason = CloseCode.INTERNAL_ERROR, "internal server error, see the previous frame"
         try:
             await connection.send(text)
             await connection.close(code=code, reason=reason)
