@@ -36,6 +36,9 @@ def run(args) -> int:
     if args.devices % args.hosts:
         raise UsageError(f"--devices {args.devices} must be divisible by --hosts {args.hosts}")
     cfg = config.load(args.config, args.overrides)  # bad input surfaces here, before compiling
+    from zerojax.data import sources
+
+    sources.check_fits(cfg, sources.kind_of(cfg))  # before the first candidate's line
     from zerojax.analysis import plan  # jax: the steps are compiled
 
     plan.simulate_on_cpu()

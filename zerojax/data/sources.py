@@ -29,7 +29,7 @@ from zerojax.config.sections import is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 from zerojax.models import registry
-from zerojax.models.family import Field  # noqa: F401 - a batch spec's leaf, named here for sources
+from zerojax.models.family import POLICY, Field  # noqa: F401 - Field: a batch spec's leaf, named here for sources
 
 
 class Source(Protocol):
@@ -59,11 +59,31 @@ def kind_of(cfg) -> str:
     return "tokens"
 
 
+def check_fits(cfg, kind: str) -> None:
+    """ConfigError where a built-in family and the data source cannot make one batch: a policy
+    reads robot episodes, the other families text or image rows. Asked before anything compiles
+    (a policy's step over a text corpus would fail inside JAX's tracing)."""
+    family, source = cfg.model.family, cfg.data.source
+    policy = registry.is_policy(family)
+    if policy and kind not in ("lerobot", "custom"):
+        raise ConfigError(f"model.family={family} is a robot policy: it trains on a LeRobot dataset (data.source="
+                          f"lerobot:DIR) or a source of your own (data.source=module:factory); data.source={source!r} "
+                          f"is {SOURCE_WORDS[kind]}")
+    if kind == "lerobot" and registry.kind(family) is not None and not policy:
+        raise ConfigError(f"data.source={source!r} is a LeRobot dataset of robot episodes, which a policy family "
+                          f"reads ({', '.join(registry.of_kind(POLICY))}); model.family={family} is a "
+                          f"{registry.kind(family)}: give it text or image rows")
+
+
+SOURCE_WORDS = {"tokens": "a text corpus", "chat": "chat or instruction rows", "images": "image-and-text rows"}
+
+
 def batch_spec(cfg):
     """The global batch the config's source yields (a pytree of Field), from the config alone
     (a source of the user's own is opened to ask it). A policy family reads a LeRobot source
     through its adapter (`family.PolicyAdapter`): its own batch of the dataset's features."""
     kind = kind_of(cfg)
+    check_fits(cfg, kind)
     if kind == "custom":
         return open_source(cfg).spec()
     spec = importlib.import_module(KINDS[kind]).spec(cfg)
@@ -75,6 +95,7 @@ def open_source(cfg) -> Source:
     """The config's source, opened (bad input surfaces here, as ConfigError); a policy family's
     LeRobot source through its adapter, as `batch_spec`."""
     kind = kind_of(cfg)
+    check_fits(cfg, kind)
     if kind == "custom":
         return custom_source(cfg)
     source = importlib.import_module(KINDS[kind]).open(cfg)
