@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import ROOT
+from conftest import ROOT, one_error_line
 from zerojax import cli, config
 from zerojax.interop import hf
 from zerojax.models import registry
@@ -107,6 +107,17 @@ def test_generate_chat_replies_as_transformers_does(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert code == 0 and out == reference["reply"] + "\n", (out, err)
     assert f"{len(reference['new'])} new tokens after {len(reference['prompt'])}:" in err and "tokens/s" in err
+
+
+def test_chat_without_a_template_is_said_before_the_checkpoint_is_read(tmp_path, capsys):
+    """The cheap check first: the weights here are not even a safetensors file."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (model / name).write_bytes((CHAT / "llama3" / name).read_bytes())
+    (model / "model.safetensors").write_text("not tensors")
+    line = one_error_line(["generate", str(model), "--chat"], capsys)
+    assert f"--chat: the tokenizer in {model} has no chat template" in line, line
 
 
 def test_the_sft_recipe_then_generate_chat_on_its_run(tmp_path, monkeypatch, capsys):

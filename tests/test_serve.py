@@ -66,9 +66,12 @@ def sample(run_dir):
 
 @pytest.fixture
 def port(served):
-    """A fresh server (its request count from 0) on a free port, for one test."""
-    srv = server.PolicyServer(served, port=0)
-    yield srv.start()
+    """A fresh server (its request count from 0) on a free port, for one test: the socket bound
+    first, as `zerojax serve` binds it before loading the model."""
+    sock = server.bind("127.0.0.1", 0)
+    srv = server.PolicyServer(served, sock=sock)
+    assert srv.start() == sock.getsockname()[1]
+    yield srv.port
     srv.stop()
 
 
@@ -355,6 +358,18 @@ def test_a_file_that_is_not_a_zerojax_policy_export_is_refused(exported, tmp_pat
 
 
 # -- bad command lines: one line, exit 2 -------------------------------------------------------------
+
+def test_a_port_in_use_is_said_before_anything_is_loaded(tmp_path, capsys):
+    """The cheap check first: here the run directory does not even exist, and the port is named."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        line = one_error_line(["serve", str(tmp_path / "no-such-run"), "--port", str(port)], capsys)
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use); choose another --port" in line, line
+
 
 def test_a_directory_without_checkpoints_is_refused(tmp_path, capsys):
     assert "holds no checkpoints/ directory" in one_error_line(["serve", str(tmp_path)], capsys)

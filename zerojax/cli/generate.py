@@ -44,6 +44,8 @@ def run(args) -> int:
 
     from zerojax.train import sample
 
+    if args.chat and (tokenizer := sample.tokenizer_of(args.source)) is not None:
+        sample.chat_tokenizer(tokenizer)  # the cheap check first: a template, before the checkpoint is read
     loaded = sample.load_for_generation(args.source, args.step)
     graphdef, params = nnx.split(loaded.model)
     generator = sample.Generator(lambda p: nnx.merge(graphdef, p), params, loaded.seq_len,

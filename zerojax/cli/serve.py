@@ -38,18 +38,27 @@ def run(args) -> int:
     serve.require()  # the extra, before a model is loaded
     from zerojax.serve import policy, server
 
-    served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer, args.vision_heads)
-    print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
-          f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
+    try:  # the cheap check first: a port in use is said before the model is loaded and compiled
+        sock = server.bind(args.host, args.port)
+    except OSError as err:  # the address is taken, or not this machine's
+        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
+                          "choose another --port or --host") from None
+    with sock:
+        served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
+                             args.vision_heads)
+        print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
+              f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
+        return serve_on(served, sock, args)
+
+
+def serve_on(served, sock, args) -> int:
+    from zerojax.serve import server
+
     api_key = args.api_key or os.environ.get("ZEROJAX_API_KEY") or None
 
     def listening(port: int) -> None:
         print(f"zerojax: listening on ws://{args.host}:{port} (openpi's websocket policy protocol"
               f"{', API key required' if api_key else ''}; GET /healthz)", flush=True)
 
-    try:
-        server.PolicyServer(served, args.host, args.port, api_key).serve_forever(listening)
-    except OSError as err:  # the address is taken, or not this machine's
-        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
-                          "choose another --port or --host") from None
+    server.PolicyServer(served, args.host, args.port, api_key, sock=sock).serve_forever(listening)
     return 0

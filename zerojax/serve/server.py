@@ -26,6 +26,7 @@ import hmac
 import http
 import itertools
 import logging
+import socket
 import threading
 import time
 
@@ -40,13 +41,29 @@ log = logging.getLogger("zerojax.serve")
 BAD_INPUT = (ObservationError, wire.WireError)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, taken before the model is loaded, so that a port in use
+    is said at once (OSError) rather than after compiling; PolicyServer(sock=) serves on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's create_server
+        sock.bind((host, port))
+        sock.listen(100)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class PolicyServer:
     """Serves `policy` (anything with `metadata()`, `max_message_bytes` and `infer(obs, n)`) on
     host:port (0: a free port; `port` is the bound one once serving). It counts the requests
     (n = 0, 1, ... over its life, all connections together): the policy's noise is drawn from n."""
 
-    def __init__(self, policy, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None):
-        self.policy, self.host, self.port, self.api_key = policy, host, port, api_key
+    def __init__(self, policy, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                 sock: socket.socket | None = None):
+        self.policy, self.host, self.port, self.api_key, self.sock = policy, host, port, api_key, sock
         self._metadata = wire.pack(policy.metadata())
         self._requests = itertools.count()
         self._failures = itertools.count(1)
@@ -80,8 +97,8 @@ class PolicyServer:
         self._thread.join()
 
     async def _serve(self, on_ready) -> None:
-        async with ws_server.serve(self._handler, self.host, self.port, compression=None,
-                                   max_size=self.policy.max_message_bytes,
+        where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
+        async with ws_server.serve(self._handler, **where, compression=None, max_size=self.policy.max_message_bytes,
                                    process_request=self._process_request) as server:
             self._loop, self._server = asyncio.get_running_loop(), server
             self.port = server.sockets[0].getsockname()[1]

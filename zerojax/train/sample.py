@@ -173,6 +173,22 @@ class Loaded:
     where: str  # what was loaded, for the user
 
 
+def tokenizer_of(source: str) -> str | None:
+    """The tokenizer `load_for_generation(source)` will give, read from its config files alone
+    (no weights): "" for bytes, None where this cannot tell before loading (a run directory
+    without its config.yaml), so that `--chat` is checked before a checkpoint is read."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(source)
+    if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+        return source if (path / "tokenizer.json").is_file() else ""
+    if (path / "config.yaml").is_file():
+        saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        return (saved.get("data") or {}).get("tokenizer", "")
+    return None
+
+
 def load_for_generation(source: str, step: int | None = None) -> Loaded:
     """RUN_DIR (its latest checkpoint, or `step`) or HF_DIR (config.json and safetensors)."""
     import json
