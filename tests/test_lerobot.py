@@ -211,7 +211,28 @@ BAD = {
                           ("observation.images.front, episode 2: ", "has no frame at t=1.8000 s")),
     "not a video": (lambda root: next((root / "videos").rglob("*.mp4")).write_bytes(b"\0" * 100), [],
                     "file-000.mp4: not a video PyAV can open"),
+    "no fps": (lambda root: edit_json(root / "meta" / "info.json", lambda d: d.pop("fps")), [],
+               "info.json: no 'fps', which a LeRobot v3.0 info.json holds (fps, features, data_path, video_path)"),
+    "a damaged Parquet": (lambda root: cut_short(root / "data" / "chunk-000" / "file-000.parquet", 300), [],
+                          ("file-000.parquet: not a Parquet file pyarrow can read (the dataset's frames;",
+                           "copy the dataset again")),
+    "damaged episodes": (lambda root: next((root / "meta" / "episodes").rglob("*.parquet")).write_bytes(b"PAR1"), [],
+                         "file-000.parquet: not a Parquet file pyarrow can read (the dataset's episodes;"),
+    "no episodes": (lambda root: no_episodes(root), [], "meta/episodes: the dataset has no episodes"),
+    "statistics too short": (lambda root: edit_json(root / "meta" / "stats.json", lambda d: d["action"].update(q01=[0.0])),
+                             ["data.norm_action=quantiles"], "stats.json: action's q01 holds 1 number(s); meta/info.json "
+                                                             "gives the feature 2"),
+    "a NaN statistic": (lambda root: edit_json(root / "meta" / "stats.json",
+                                               lambda d: d["observation.state"].update(std=[1.0, float("nan"), 1.0])),
+                        [], "observation.state's std holds 3 number(s), not all finite"),
 }
+
+
+def no_episodes(root):
+    import pyarrow.parquet as pq
+
+    path = next((root / "meta" / "episodes").rglob("*.parquet"))
+    pq.write_table(pq.read_table(path).slice(0, 0), path)
 
 
 def edit_jsonl(path, episode, edit):
@@ -267,6 +288,14 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(dataset, ca
     assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:"), err
     assert all(m in err[0] for m in messages), err
     assert not out.exists()
+
+
+def test_a_file_given_as_the_dataset_says_it_is_a_file(tmp_path, capsys):
+    info = FIXTURE / "tiny" / "meta" / "info.json"
+    code = cli.main(["train", f"data.source=lerobot:{info}", f"train.out_dir={tmp_path / 'run'}", "train.steps=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"zerojax: error: data.source=lerobot:{info}: a file, not a directory; a LeRobot "
+                                 "dataset directory holds meta/info.json"], err
 
 
 def test_a_frame_the_video_does_not_have_names_the_episode_and_time():

@@ -108,13 +108,20 @@ def read_parquet(path: Path, columns: list[str], what: str, only: bool = True):
     """The Parquet file's `columns` (`only=False`: all of its columns, `columns` among them)."""
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     if not path.is_file():
         raise ConfigError(f"{path}: no such file ({what})")
-    names = pq.read_schema(path).names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ConfigError(f"{path}: no column {', '.join(map(repr, missing))} ({what}); its columns: {', '.join(names)}")
-    return pq.read_table(path, columns=columns if only else None)
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ConfigError(f"{path}: no column {', '.join(map(repr, missing))} ({what}); its columns: "
+                              f"{', '.join(names)}")
+        return pq.read_table(path, columns=columns if only else None)
+    except (pa.ArrowException, OSError) as err:  # cut short, overwritten, not Parquet at all
+        raise ConfigError(f"{path}: not a Parquet file pyarrow can read ({what}; {str(err).splitlines()[0][:160]}); "
+                          "copy the dataset again") from None
 
 
 def as_matrix(column) -> np.ndarray:
@@ -161,6 +168,8 @@ def read_episodes(root: Path, info: dict, cameras: list[str]) -> dict:
 def read_tables(root: Path, info: dict, cameras: list[str]) -> Tables:
     """A v3.0 dataset's metadata (module docstring)."""
     episodes, data_files = read_episodes(root, info, cameras)
+    if not episodes:
+        raise ConfigError(f"{root / 'meta' / 'episodes'}: the dataset has no episodes (its files hold no rows)")
     path = root / "meta" / "stats.json"
     stats = read_json(path, "LeRobot's stats.json") if path.is_file() else None
     return Tables(episodes, data_files, read_tasks(root / "meta" / "tasks.parquet"), stats,
@@ -182,6 +191,26 @@ def check_stats(root: Path, tables: Tables, norms: dict) -> dict:
                                                             if tables.stats is not None else "the file is missing") +
                               f"); compute them with LeRobot, or set {setting.split('=')[0]}=identity")
     return stats
+
+
+def width(info: dict, key: str) -> int:
+    return int(np.prod(info["features"][key]["shape"]))
+
+
+def check_widths(path: Path, key: str, stats: dict, expected: int) -> None:
+    """Each statistic holds one finite number per dimension of the feature: a shorter one would
+    broadcast and normalize every dimension by the wrong numbers without an error."""
+    for name, value in stats.items():
+        try:
+            x = np.asarray(value, np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            x = None
+        if x is None or x.size != expected or not np.isfinite(x).all():
+            got = f"{x.size} number(s)" if x is not None else f"{str(value)[:40]!r}"
+            raise ConfigError(f"{path}: {key}'s {name} holds {got}" + (", not all finite" if x is not None and
+                                                                         x.size == expected else "") +
+                              f"; meta/info.json gives the feature {expected} (recompute the statistics: "
+                              "zerojax stats or LeRobot's)")
 
 
 def check_videos(ds: Dataset, cameras: list[str]) -> None:
@@ -232,10 +261,11 @@ def load(root: Path, info: dict, cameras: list[str], norms: dict, read_meta) -> 
 def check_tables(ds: Dataset, info: dict, names: dict) -> None:
     """The frames agree with meta/info.json, the episodes and the tasks (`names`: Tables.names)."""
     for key, matrix in ds.columns.items():
-        width = int(np.prod(info["features"][key]["shape"]))
-        if matrix.shape[1] != width:
+        if matrix.shape[1] != width(info, key):
             raise ConfigError(f"{ds.root}: the data files' {key!r} holds {matrix.shape[1]} numbers a frame; "
                               f"meta/info.json says shape {list(info['features'][key]['shape'])}")
+        check_widths(ds.root / names["stats"], key, {n: v for n, v in (ds.stats or {}).get(key, {}).items()
+                                                     if n != "count"}, width(info, key))
     for ep in ds.episodes.values():
         held = np.count_nonzero((ds.index >= ep.start) & (ds.index < ep.stop) & (ds.episode == ep.index))
         if held != ep.stop - ep.start:

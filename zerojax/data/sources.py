@@ -61,8 +61,10 @@ def kind_of(cfg) -> str:
 
 def check_fits(cfg, kind: str) -> None:
     """ConfigError where a built-in family and the data source cannot make one batch: a policy
-    reads robot episodes, the other families text or image rows. Asked before anything compiles
-    (a policy's step over a text corpus would fail inside JAX's tracing)."""
+    reads robot episodes, the other families text or image rows. `batch_spec` asks it, so every
+    command that builds a step (train, analyze, plan) refuses before anything is traced (a
+    policy's step over a text corpus would fail inside JAX's tracing); `open_source` alone still
+    reads any source as it is (a dataset's own features, for tools and tests)."""
     family, source = cfg.model.family, cfg.data.source
     policy = registry.is_policy(family)
     if policy and kind not in ("lerobot", "custom"):
@@ -95,7 +97,6 @@ def open_source(cfg) -> Source:
     """The config's source, opened (bad input surfaces here, as ConfigError); a policy family's
     LeRobot source through its adapter, as `batch_spec`."""
     kind = kind_of(cfg)
-    check_fits(cfg, kind)
     if kind == "custom":
         return custom_source(cfg)
     source = importlib.import_module(KINDS[kind]).open(cfg)
