@@ -164,7 +164,22 @@ def without(key):
     return make
 
 
+def huge_png(width: int, height: int) -> bytes:
+    """A PNG header claiming width x height pixels (1-bit grey): what Pillow opens before decoding."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
 @pytest.mark.parametrize("make, message", [
+    (lambda root: write_examples(root) and (root / "img" / "2.png").write_bytes(huge_png(30000, 30000)),
+     "data.source='{root}/data.jsonl' line 3: the image '{root}/img/2.png' too large for Pillow to decode (Image size "
+     "(900000000 pixels) exceeds limit"),
     (lambda root: write_examples(root) and (root / "img" / "3.png").write_bytes(b"not a png"),
      "data.source='{root}/data.jsonl' line 4: cannot decode the image '{root}/img/3.png' (UnidentifiedImageError"),
     (lambda root: write_examples(root) and (root / "img" / "5.png").unlink(),
@@ -179,7 +194,7 @@ def without(key):
                   "the newline and EOS, but model.seq_len=24 leaves 21 once the 4 image tokens are counted; "
                   "raise model.seq_len to {need}"),
     (lambda root: write_examples(root, n=3), "has 3 examples, and data.val_fraction=0.25 leaves 3 to train on and 0"),
-], ids=["undecodable", "missing image", "no image", "no prefix", "no suffix", "long prompt", "long answer", "too few"])
+], ids=["too large", "undecodable", "missing image", "no image", "no prefix", "no suffix", "long prompt", "long answer", "too few"])
 def test_each_bad_input_is_one_line_naming_the_file_and_writes_nothing(make, message, tmp_path):
     example = make(tmp_path)
     before = sorted(tmp_path.rglob("*"))

@@ -128,6 +128,8 @@ def decode(source: bytes | Path, where: str, image_size: int) -> np.ndarray:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             # as transformers' load_image: the orientation a camera's EXIF tag gives
             return pixels(ImageOps.exif_transpose(image), image_size)
+    except Image.DecompressionBombError as err:
+        raise ConfigError(f"{where}: {too_large(err)}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise ConfigError(f"{where}: cannot decode the image ({type(err).__name__}: "
                           f"{str(err).splitlines()[0][:120] if str(err) else ''}); expected a PNG, JPEG or "
@@ -304,6 +306,15 @@ def read_parquet(path: Path, source: str) -> Examples:
     return Examples(source, [], texts["prefix"], texts["suffix"], parquet=table.column("image"))
 
 
+def too_large(err: Exception) -> str:
+    """What Pillow's decompression-bomb guard refused, as advice (its limit: Image.MAX_IMAGE_PIXELS)."""
+    from PIL import Image
+
+    return (f"too large for Pillow to decode ({str(err).splitlines()[0][:120]}); the limit guards against "
+            f"decompression bombs ({Image.MAX_IMAGE_PIXELS:,} pixels, twice that refused): downscale the image, "
+            "the model sees it at model.vision.image_size anyway")
+
+
 def check_image(examples: Examples, i: int) -> None:
     """The image is there and Pillow can verify it (its format and integrity, short of decoding)."""
     from PIL import Image, UnidentifiedImageError
@@ -316,6 +327,8 @@ def check_image(examples: Examples, i: int) -> None:
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             image.verify()
+    except Image.DecompressionBombError as err:
+        raise ConfigError(f"{where}: the image {name}{too_large(err)}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise ConfigError(f"{where}: cannot decode the image {name}"
                           f"({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}); "
