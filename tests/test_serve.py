@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -307,6 +308,88 @@ def test_a_failure_inside_the_policy_shows_the_client_no_traceback_and_others_ar
             bad.ws.recv()
         assert closed.value.rcvd.code == 1011
         assert bystander.infer({})["actions"].shape == (1, 1)
+    finally:
+        srv.stop()
+
+
+class Quick:
+    """A policy that answers at once (the connection handling under test, not the model)."""
+
+    max_message_bytes = 1 << 20
+
+    def metadata(self):
+        return {"action_horizon": 1}
+
+    def infer(self, obs, request):
+        return {"actions": np.full((1, 1), request, np.float32)}
+
+
+def raw_handshake(port: int) -> "socket.socket":
+    """A websocket client's opening handshake by hand, then nothing: it never reads or answers a ping."""
+    import base64
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    return sock
+
+
+def closed_within(sock, seconds: float) -> bool:
+    """Whether the server closes `sock` within `seconds` (whatever it sent before)."""
+    sock.settimeout(seconds)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            if not sock.recv(65536):
+                return True
+    except (TimeoutError, OSError):
+        return False
+    return False
+
+
+def test_stalled_half_open_and_trickling_clients_are_dropped_and_never_slow_the_others():
+    import socket
+
+    limits = server.Limits(open_timeout_s=1, ping_interval_s=0.5, ping_timeout_s=0.5, close_timeout_s=0.5)
+    srv = server.PolicyServer(Quick(), port=0, limits=limits)
+    port = srv.start()
+    try:
+        bare = socket.create_connection(("127.0.0.1", port))  # connects, never says a word
+        silent = raw_handshake(port)  # upgrades, then never reads nor answers the keepalive pings
+        trickler = raw_handshake(port)
+        trickler.sendall(bytes([0x82, 0xFE, 0x03, 0xE8]) + b"\0" * 4)  # a 1000-byte binary frame begun, masked
+        bystander = Client(port)
+        latencies = []
+        for _ in range(20):
+            start = time.monotonic()
+            bystander.infer({})
+            latencies.append(time.monotonic() - start)
+        assert max(latencies) < 0.5, latencies  # the stalled ones hold nothing the others wait on
+        assert closed_within(bare, 5) and closed_within(silent, 5) and closed_within(trickler, 5)
+        assert Client(port).infer({})["actions"].shape == (1, 1)
+    finally:
+        srv.stop()
+
+
+def test_past_max_connections_a_new_one_is_refused_until_one_closes():
+    srv = server.PolicyServer(Quick(), port=0, limits=server.Limits(max_connections=2))
+    port = srv.start()
+    try:
+        first, second = Client(port), Client(port)
+        with pytest.raises(websockets.InvalidStatus, match="503"):
+            Client(port)
+        first.ws.close()
+        deadline = time.monotonic() + 5
+        while True:  # the server counts the closed one out once its handler returns
+            try:
+                third = Client(port)
+                break
+            except websockets.InvalidStatus:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert second.infer({})["actions"].shape == third.infer({})["actions"].shape == (1, 1)
     finally:
         srv.stop()
 

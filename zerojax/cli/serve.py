@@ -26,6 +26,8 @@ def arguments(serve: Parser) -> None:
                        "fold_in(key(S), n))")
     serve.add_argument("--api-key", metavar="KEY", help="refuse connections without the header "
                        "Authorization: Api-Key KEY (default: $ZEROJAX_API_KEY, else none)")
+    serve.add_argument("--max-connections", type=positive_int, default=64, metavar="N",
+                       help="connections served at once; more are refused with 503 until one closes (default 64)")
     serve.add_argument("--tokenizer", metavar="PATH", help="a LeRobot checkpoint: the tokenizer.json of its prompts "
                        "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
@@ -60,5 +62,6 @@ def serve_on(served, sock, args) -> int:
         print(f"zerojax: listening on ws://{args.host}:{port} (openpi's websocket policy protocol"
               f"{', API key required' if api_key else ''}; GET /healthz)", flush=True)
 
-    server.PolicyServer(served, args.host, args.port, api_key, sock=sock).serve_forever(listening)
+    limits = server.Limits(max_connections=args.max_connections)
+    server.PolicyServer(served, args.host, args.port, api_key, sock=sock, limits=limits).serve_forever(listening)
     return 0

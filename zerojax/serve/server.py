@@ -16,7 +16,10 @@ packages/openpi-client/src/openpi_client/websocket_client_policy.py):
 Requests are answered one at a time, in the event loop's thread (as openpi's server does): a
 robot's requests are sequential, and the model has one device. With an API key, a connection
 without openpi's header `Authorization: Api-Key KEY` is refused (401) before the handshake.
-Messages above the policy's `max_message_bytes` close the connection (1009).
+Messages above the policy's `max_message_bytes` close the connection (1009). No client can stall
+the others or hold the server's memory (`Limits`): a handshake must finish within 10 s, a
+connection that stops answering keepalive pings is closed, two frames at most are buffered per
+connection, and past `max_connections` a new one is refused (503).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import websockets
 from websockets.asyncio import server as ws_server
@@ -39,6 +43,20 @@ from zerojax.serve.policy import ObservationError
 
 log = logging.getLogger("zerojax.serve")
 BAD_INPUT = (ObservationError, wire.WireError)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the server. A robot's policy must never stall because of
+    another connection: a half-open socket, a client that stops reading or answering, one that
+    sends a frame a byte at a time, or a crowd of connections."""
+
+    open_timeout_s: float = 10.0  # the handshake must complete within this (a bare TCP connect is dropped)
+    ping_interval_s: float = 20.0  # a keepalive ping every this many seconds ...
+    ping_timeout_s: float = 20.0  # ... its pong due within this, else the connection is closed (half-open)
+    close_timeout_s: float = 5.0  # a closing handshake waits at most this long
+    max_queue: int = 2  # frames buffered per connection (a robot sends one request, then waits)
+    max_connections: int = 64  # connections served at once; more get 503 until one closes
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -62,8 +80,10 @@ class PolicyServer:
     (n = 0, 1, ... over its life, all connections together): the policy's noise is drawn from n."""
 
     def __init__(self, policy, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 sock: socket.socket | None = None):
+                 sock: socket.socket | None = None, limits: "Limits | None" = None):
         self.policy, self.host, self.port, self.api_key, self.sock = policy, host, port, api_key, sock
+        self.limits = limits or Limits()
+        self._open = 0  # connections past their handshake, being served
         self._metadata = wire.pack(policy.metadata())
         self._requests = itertools.count()
         self._failures = itertools.count(1)
@@ -98,8 +118,11 @@ class PolicyServer:
 
     async def _serve(self, on_ready) -> None:
         where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
+        lim = self.limits
         async with ws_server.serve(self._handler, **where, compression=None, max_size=self.policy.max_message_bytes,
-                                   process_request=self._process_request) as server:
+                                   process_request=self._process_request, open_timeout=lim.open_timeout_s,
+                                   ping_interval=lim.ping_interval_s, ping_timeout=lim.ping_timeout_s,
+                                   close_timeout=lim.close_timeout_s, max_queue=lim.max_queue) as server:
             self._loop, self._server = asyncio.get_running_loop(), server
             self.port = server.sockets[0].getsockname()[1]
             if on_ready is not None:
@@ -109,6 +132,11 @@ class PolicyServer:
     def _process_request(self, connection, request):
         if request.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self._open >= self.limits.max_connections:
+            log.warning("refused %s: %d connections open (--max-connections)", connection.remote_address, self._open)
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"this server is serving its {self.limits.max_connections} connections; "
+                                      "try again later\n")
         if self.api_key is not None:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Api-Key {self.api_key}".encode()):
@@ -118,7 +146,17 @@ class PolicyServer:
         return None
 
     async def _handler(self, connection) -> None:
-        await connection.send(self._metadata)
+        self._open += 1
+        try:
+            await self._serve_connection(connection)
+        finally:
+            self._open -= 1
+
+    async def _serve_connection(self, connection) -> None:
+        try:
+            await connection.send(self._metadata)
+        except websockets.ConnectionClosed:
+            return
         prev_total_s = None
         while True:
             start = time.monotonic()
