@@ -394,6 +394,78 @@ def test_past_max_connections_a_new_one_is_refused_until_one_closes():
         srv.stop()
 
 
+class Batching:
+    """A policy that batches: each reply echoes its own observation's value; the call sizes are kept."""
+
+    max_message_bytes, max_batch = 1 << 20, 4
+
+    def __init__(self):
+        self.calls = []
+
+    def metadata(self):
+        return {"action_horizon": 1}
+
+    def prepare(self, obs):
+        if not isinstance(obs.get("x"), int):
+            raise policy.ObservationError("observation: 'x' must be an int")
+        return obs["x"]
+
+    def infer_rows(self, rows, requests):
+        self.calls.append(len(rows))
+        time.sleep(0.2)  # the others arrive meanwhile
+        return [{"actions": np.full((1, 1), x, np.float32)} for x in rows]
+
+
+def test_requests_that_wait_together_are_sampled_in_one_call_and_each_gets_its_own_reply():
+    import threading
+
+    batching = Batching()
+    srv = server.PolicyServer(batching, port=0)
+    port = srv.start()
+    try:
+        clients = [Client(port) for _ in range(6)]
+        replies = {}
+
+        def ask(i):
+            replies[i] = [float(clients[i].infer({"x": 10 * i + k})["actions"][0, 0]) for k in range(3)]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert replies == {i: [10.0 * i + k for k in range(3)] for i in range(6)}
+        assert max(batching.calls) > 1 and max(batching.calls) <= 4 and sum(batching.calls) == 18, batching.calls
+        bad = Client(port)  # a bad observation is refused alone, before it joins a batch
+        bad.ws.send(pack({"x": "one"}))
+        assert bad.ws.recv() == "observation: 'x' must be an int"
+        assert clients[0].infer({"x": 7})["actions"][0, 0] == 7
+    finally:
+        srv.stop()
+
+
+def test_rows_sampled_together_get_the_actions_of_one_at_a_time(lerobot_reference):
+    batched = policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2,
+                          max_batch=4)
+    observations = lerobot_reference[0] * 2  # 3 rows: padded to 4 with the first
+    rows = [batched.prepare(obs) for obs in observations[:3]]
+    together = batched.infer_rows(rows, [5, 6, 7])
+    for obs, request, reply in zip(observations, [5, 6, 7], together):
+        np.testing.assert_allclose(reply["actions"], batched.infer(obs, request)["actions"], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(together[0]["actions"], together[2]["actions"])  # the same observation, its own noise
+
+
+@pytest.mark.slow
+def test_the_batching_benchmark_runs_both_servers_in_one_run():
+    """scripts/bench/serve_batching.py at its smallest: the two rows of its table, measured."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "serve_batching.py"), "--clients", "2",
+                           "--requests", "2", "--max-batch", "2"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| one at a time") or "--max-batch 2" in line]
+    assert len(rows) == 2 and all(float(row.split("|")[2]) > 0 for row in rows), done.stdout
+
+
 def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, frames):
     srv = server.PolicyServer(served, port=0, api_key="s3cret")
     port = srv.start()

@@ -28,6 +28,10 @@ def arguments(serve: Parser) -> None:
                        "Authorization: Api-Key KEY (default: $ZEROJAX_API_KEY, else none)")
     serve.add_argument("--max-connections", type=positive_int, default=64, metavar="N",
                        help="connections served at once; more are refused with 503 until one closes (default 64)")
+    serve.add_argument("--max-batch", type=positive_int, default=1, metavar="N",
+                       help="requests from different connections sampled in one call when they wait together "
+                            "(default 1: one at a time, as openpi's server; the batch sizes 1, 2, 4 .. N are "
+                            "compiled at start)")
     serve.add_argument("--tokenizer", metavar="PATH", help="a LeRobot checkpoint: the tokenizer.json of its prompts "
                        "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
@@ -47,7 +51,7 @@ def run(args) -> int:
                           "choose another --port or --host") from None
     with sock:
         served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
-                             args.vision_heads)
+                             args.vision_heads, args.max_batch)
         print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
               f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
         return serve_on(served, sock, args)

@@ -65,6 +65,7 @@ class ServedPolicy:
     pad_before: bool = False  # a LeRobot 0.3.x checkpoint's image padding (lerobot_frames.resize_with_pad)
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
+    max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
@@ -113,15 +114,36 @@ class ServedPolicy:
 
     def actions(self, batch: dict, noise) -> np.ndarray:
         """float32 [H, D_a] in the robot's units: `sample_actions` on the batch from `noise`, cut to
-        the dataset's action width and unnormalized with the run's statistics."""
+        the dataset's action width and unnormalized with the run's statistics (a batch of rows:
+        [B, H, D_a])."""
         actions = np.asarray(self._sample(self.params, batch, jnp.asarray(noise, jnp.float32)))
         norm = self.norms[ACTION]
-        return lerobot.unnormalize(actions[0, :, : self.action_dim], norm, norm["mode"])
+        out = lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
+        return out[0] if len(out) == 1 else out
 
     def infer(self, obs, request: int) -> dict:
         """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
         noise of request number `request`."""
         return {"actions": self.actions(self.batch(obs), self.noise(request))}
+
+    # -- batched serving: the server checks each observation as it arrives (`prepare`), then
+    # samples the rows that arrived together in one call (`infer_rows`)
+
+    def prepare(self, obs) -> dict:
+        """The observation checked and made into its batch row (ObservationError if it is bad)."""
+        return self.batch(obs)
+
+    def infer_rows(self, rows: list[dict], requests: list[int]) -> list[dict]:
+        """`infer` for several prepared rows in one `sample_actions` call, each row with its own
+        request's noise: the same actions as one at a time. The batch is padded (with its first
+        row) to the next power of two up to `max_batch`, so that few shapes are ever compiled."""
+        size = bucket(len(rows), self.max_batch)
+        padded = rows + [rows[0]] * (size - len(rows))
+        batch = {k: np.concatenate([r[k] for r in padded]) for k in rows[0]}
+        noise = np.concatenate([np.asarray(self.noise(q)) for q in requests + [requests[0]] * (size - len(rows))])
+        actions = self.actions(batch, noise)
+        actions = actions[None] if actions.ndim == 2 else actions
+        return [{"actions": actions[i]} for i in range(len(rows))]
 
     def check(self, obs) -> dict:
         """The observation as a dataset frame before normalization (lerobot's raw item), or an
@@ -147,16 +169,23 @@ class ServedPolicy:
                           "'prompt' str"])
 
     def warm_up(self) -> None:
-        """Compile sample_actions and time one call after it, on a blank observation."""
+        """Compile sample_actions for every batch size `infer_rows` uses (1, 2, 4, ... max_batch),
+        and time one call of one row after it, on a blank observation."""
         blank = {STATE: np.zeros(self.state_dim, np.float32), "prompt": "",
                  **{c: np.zeros(self.features[c]["shape"], np.uint8) for c in self.cameras}}
-        batch = self.batch(blank)
-        for attempt in range(2):
-            start = time.perf_counter()
-            jax.block_until_ready(self._sample(self.params, batch, self.noise(0)))
-            if attempt == 0:
-                self.compile_s = time.perf_counter() - start
+        row = self.batch(blank)
+        start = time.perf_counter()
+        for size in sorted({bucket(n, self.max_batch) for n in range(1, self.max_batch + 1)}):
+            self.infer_rows([row] * size, [0] * size)
+        self.compile_s = time.perf_counter() - start
+        start = time.perf_counter()
+        jax.block_until_ready(self._sample(self.params, row, self.noise(0)))
         self.call_ms = (time.perf_counter() - start) * 1e3
+
+
+def bucket(n: int, most: int) -> int:
+    """The batch size n rows are padded to: the next power of two, at most `most` (n <= most)."""
+    return min(1 << (n - 1).bit_length(), most) if n > 1 else 1
 
 
 def width(feature: dict) -> int:
@@ -216,12 +245,20 @@ def camera(key: str, value, size: int) -> np.ndarray:
 
 
 def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
-         vision_heads: int | None = None) -> ServedPolicy:
-    """A policy, compiled and warmed up: a run directory's checkpoint (the newest, or `step`)
-    and its lerobot.json, a safetensors file `zerojax export` wrote of such a run (its config,
-    lerobot.json and tokenizer travel in the file's metadata: export.run_metadata), or a LeRobot
-    policy directory (`lerobot_policy`: `tokenizer` and `vision_heads` are for it alone).
-    ConfigError, before any weight is read, for a run that is not a policy trained on LeRobot data."""
+         vision_heads: int | None = None, max_batch: int = 1) -> ServedPolicy:
+    """A policy, compiled and warmed up (for batches of up to `max_batch` observations): a run
+    directory's checkpoint (the newest, or `step`) and its lerobot.json, a safetensors file
+    `zerojax export` wrote of such a run (its config, lerobot.json and tokenizer travel in the
+    file's metadata: export.run_metadata), or a LeRobot policy directory (`lerobot_policy`:
+    `tokenizer` and `vision_heads` are for it alone). ConfigError, before any weight is read, for
+    a run that is not a policy trained on LeRobot data."""
+    served = _policy(Path(target), step, num_steps, seed, tokenizer, vision_heads)
+    served.max_batch = max_batch
+    served.warm_up()
+    return served
+
+
+def _policy(target: Path, step, num_steps: int, seed: int, tokenizer, vision_heads) -> ServedPolicy:
     from zerojax.train import export
 
     target = Path(target)
@@ -266,7 +303,6 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
         tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
     served = ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
                           doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
-    served.warm_up()
     return served
 
 
@@ -312,5 +348,4 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     served = ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
                           found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
                           dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before)
-    served.warm_up()
     return served

@@ -13,8 +13,11 @@ packages/openpi-client/src/openpi_client/websocket_client_policy.py):
                  connection (1008 for bad input, 1011 otherwise); other connections are served on
     GET /healthz 200 "OK"
 
-Requests are answered one at a time, in the event loop's thread (as openpi's server does): a
-robot's requests are sequential, and the model has one device. With an API key, a connection
+Requests are sampled by one worker thread, one call at a time (the model has one device), while
+the event loop goes on reading: by default one request a call, as openpi's server answers them;
+with `Limits.max_batch` > 1 (`zerojax serve --max-batch N`), the requests waiting when the worker
+turns to them, from different connections, are sampled in one call (each with its own request's
+noise: the same actions as one at a time). With an API key, a connection
 without openpi's header `Authorization: Api-Key KEY` is refused (401) before the handshake.
 Messages above the policy's `max_message_bytes` close the connection (1009). No client can stall
 the others or hold the server's memory (`Limits`): a handshake must finish within 10 s, a
@@ -25,6 +28,7 @@ connection, and past `max_connections` a new one is refused (503).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import http
 import itertools
@@ -57,6 +61,7 @@ class Limits:
     close_timeout_s: float = 5.0  # a closing handshake waits at most this long
     max_queue: int = 2  # frames buffered per connection (a robot sends one request, then waits)
     max_connections: int = 64  # connections served at once; more get 503 until one closes
+    max_batch: int | None = None  # requests sampled in one call at most (None: the policy's max_batch, else 1)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -84,6 +89,12 @@ class PolicyServer:
         self.policy, self.host, self.port, self.api_key, self.sock = policy, host, port, api_key, sock
         self.limits = limits or Limits()
         self._open = 0  # connections past their handshake, being served
+        # a policy that batches checks each observation as it comes (prepare) and samples the rows
+        # that arrived together in one call (infer_rows); any other is asked one at a time
+        self._max_batch = self.limits.max_batch or getattr(policy, "max_batch", 1)
+        self._prepare = getattr(policy, "prepare", lambda obs: obs)
+        self._infer_rows = getattr(policy, "infer_rows", None) or (
+            lambda rows, requests: [policy.infer(obs, n) for obs, n in zip(rows, requests)])
         self._metadata = wire.pack(policy.metadata())
         self._requests = itertools.count()
         self._failures = itertools.count(1)
@@ -125,9 +136,15 @@ class PolicyServer:
                                    close_timeout=lim.close_timeout_s, max_queue=lim.max_queue) as server:
             self._loop, self._server = asyncio.get_running_loop(), server
             self.port = server.sockets[0].getsockname()[1]
-            if on_ready is not None:
-                on_ready(self.port)
-            await server.serve_forever()
+            self._queue = asyncio.Queue()
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zerojax-sample") as self._worker:
+                sampler = asyncio.create_task(self._sample())
+                if on_ready is not None:
+                    on_ready(self.port)
+                try:
+                    await server.serve_forever()
+                finally:
+                    sampler.cancel()
 
     def _process_request(self, connection, request):
         if request.path == "/healthz":
@@ -165,10 +182,11 @@ class PolicyServer:
             except websockets.ConnectionClosed:
                 return
             try:
-                obs = wire.unpack(message)
-                infer_start = time.monotonic()
-                reply = self.policy.infer(obs, next(self._requests))
-                timing = {"infer_ms": (time.monotonic() - infer_start) * 1e3}
+                row = self._prepare(wire.unpack(message))  # a bad observation fails here, alone
+                done = asyncio.get_running_loop().create_future()
+                self._queue.put_nowait((row, next(self._requests), done))
+                reply, infer_s = await done
+                timing = {"infer_ms": infer_s * 1e3}
             except Exception as err:  # noqa: BLE001 - any failure ends this connection, never the server
                 await self._refuse(connection, err)
                 return
@@ -179,6 +197,30 @@ class PolicyServer:
             except websockets.ConnectionClosed:
                 return
             prev_total_s = time.monotonic() - start
+
+    async def _sample(self) -> None:
+        """The one consumer of the request queue: the requests waiting when it turns to them (up to
+        `Limits.max_batch`) are sampled in one call, in a worker thread, so the event loop goes on
+        reading, answering pings and queueing while the model runs; one call at a time (one device)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            waiting = [await self._queue.get()]
+            while len(waiting) < self._max_batch and not self._queue.empty():
+                waiting.append(self._queue.get_nowait())
+            rows, requests, futures = map(list, zip(*waiting))
+            start = time.monotonic()
+            try:
+                replies = await loop.run_in_executor(self._worker, self._infer_rows, rows, requests)
+            except Exception as err:  # noqa: BLE001 - each of its requests is answered with it
+                replies = err
+            elapsed = time.monotonic() - start
+            for i, done in enumerate(futures):
+                if done.done():  # its connection went away meanwhile
+                    continue
+                if isinstance(replies, Exception):
+                    done.set_exception(replies)
+                else:
+                    done.set_result((replies[i], elapsed))
 
     async def _refuse(self, connection, err: Exception) -> None:
         """The error as a text frame, then that connection closed (openpi's server does the same)."""
