@@ -43,9 +43,9 @@ CAMERA_DTYPES = ("image", "video")
 ROW_INDEX = " rows"  # a data file's dataset indices [N] (its "index" column, flat), beside its features
 
 
-def _quantile(hist: np.ndarray, edges: np.ndarray, target: float) -> float:
-    """RunningQuantileStats._compute_single_quantile: the target-th count, interpolated in its bin."""
-    cumsum = np.cumsum(hist)
+def _quantile(cumsum: np.ndarray, edges: np.ndarray, target: float) -> float:
+    """RunningQuantileStats._compute_single_quantile: the target-th count, interpolated in its bin
+    (`cumsum`: the histogram's running counts, float64, computed once for every quantile)."""
     idx = int(np.searchsorted(cumsum, target))
     if idx == 0:
         return edges[0]
@@ -71,8 +71,8 @@ def vector_stats(x_ND: np.ndarray) -> dict:
     qs = np.zeros((len(QUANTILES), x.shape[1]))
     for d in range(x.shape[1]):
         edges = np.linspace(lo[d] - 1e-10, hi[d] + 1e-10, BINS + 1)
-        hist = np.histogram(x[:, d], bins=edges)[0].astype(np.float64)
-        qs[:, d] = [_quantile(hist, edges, q * n) for q in QUANTILES]
+        cumsum = np.cumsum(np.histogram(x[:, d], bins=edges)[0].astype(np.float64))
+        qs[:, d] = [_quantile(cumsum, edges, q * n) for q in QUANTILES]
     return {**out, **dict(zip(Q_KEYS, qs))}
 
 
