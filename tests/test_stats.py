@@ -155,3 +155,21 @@ def test_a_cameras_frames_are_sampled_as_lerobot_samples_them(frames, sampled):
     """estimate_num_samples' documented counts (every frame of a short episode; len**0.75 beyond 500)."""
     got = stats.sample_indices(frames)
     assert len(got) == sampled and got[0] == 0 and got[-1] == frames - 1
+
+
+def test_a_run_normalizes_with_the_written_quantiles_as_lerobot_does(tmp_path):
+    """The workflow: a dataset without statistics, `zerojax stats`, then data.norm_*=quantiles reads
+    the file; the batch equals what LeRobot's NormalizerProcessorStep made with LeRobot's own
+    stats.json (tests/fixtures/lerobot/reference.npz, as tests/test_lerobot.py reads it)."""
+    from zerojax import config, data
+
+    ref = dict(np.load(FIXTURE / "reference.npz"))
+    root = without_stats(tmp_path)
+    assert cli.main(["stats", str(root)]) == 0
+    cfg = config.load(overrides=[f"data.source=lerobot:{root}", f"data.action_horizon={int(ref['horizon'])}",
+                                 f"data.image_size={int(ref['size'])}", "train.global_batch=8",
+                                 "data.norm_state=quantiles", "data.norm_action=quantiles"])
+    src = data.open_source(cfg)
+    items = [src.item(int(i)) for i in ref["indices"]]
+    for key in ("observation.state", "action"):
+        np.testing.assert_array_equal(np.stack([it[key] for it in items]), ref[f"quantiles/{key}"], err_msg=key)
