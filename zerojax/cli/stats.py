@@ -1,7 +1,8 @@
 """`zerojax stats DIR`: a LeRobot v3.0 dataset's statistics (min, max, mean, std, count, q01, q10,
 q50, q90, q99 of every feature), as LeRobot 0.6.1 computes them (`zerojax.data.stats`), written to
 DIR/meta/stats.json where the dataset has none (or to --out), alone or split over the processes of
-a multi-process run (process 0 writes)."""
+a multi-process run (process 0 writes): the flags, or the launch the environment describes, as for
+`zerojax train` (mesh.detect_launch). It imports jax for that alone; the statistics are numpy."""
 
 from __future__ import annotations
 
@@ -42,14 +43,14 @@ def run(args) -> int:
 
     out = target(args)
     index, count = 0, 1
-    if args.coordinator or args.num_processes or args.process_id is not None:
-        import jax
+    import jax
 
-        from zerojax.config.sections import MeshConfig
-        from zerojax.parallel import mesh
+    from zerojax.config.sections import MeshConfig
+    from zerojax.parallel import mesh
 
-        if mesh.init_distributed(MeshConfig(), args.coordinator, args.num_processes, args.process_id):
-            index, count = jax.process_index(), jax.process_count()
+    # the flags, else the launch the environment describes (srun, Open MPI, a TPU slice), as `train`
+    if mesh.init_distributed(MeshConfig(), args.coordinator, args.num_processes, args.process_id):
+        index, count = jax.process_index(), jax.process_count()
     start = time.perf_counter()
     result = stats.compute(args.dir, index, count)
     if index == 0:
