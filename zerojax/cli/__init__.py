@@ -8,8 +8,8 @@ other failure, including a bug in a user's model, exits 1 with its traceback.
 
 The choices of the options are the config's enumerations (`config.rules`). Only the commands
 that build a model import jax (train, analyze, export, generate, serve, report's analysis,
-memory --config; stats, for jax.distributed alone), in their own bodies: `zerojax memory --params` and `zerojax formats` answer
-without it; only `serve`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
+memory --config; stats, for jax.distributed alone), in their own bodies: `zerojax memory
+--params` and `zerojax formats` answer without it; only `serve`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
 mujoco).
 """
 
