@@ -8,8 +8,8 @@ other failure, including a bug in a user's model, exits 1 with its traceback.
 
 The choices of the options are the config's enumerations (`config.rules`). Only the commands
 that build a model import jax (train, analyze, export, generate, serve, report's analysis,
-memory --config), in their own bodies: `zerojax memory --params` and `zerojax formats` answer
-without it; only `serve`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
+memory --config; stats, for jax.distributed alone), in their own bodies: `zerojax memory
+--params` and `zerojax formats` answer without it; only `serve`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
 mujoco).
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from zerojax.cli import (analyze, collect, export, formats, generate, memory, plan, report, rollout, serve, tokenizer,
-                         train)
+from zerojax.cli import (analyze, collect, export, formats, generate, memory, plan, report, rollout, serve, stats,
+                         tokenizer, train)
 from zerojax.cli.args import Parser, UsageError, parse_count, stage_list
 from zerojax.errors import ConfigError, DistributedError, TrainingError
 
@@ -28,7 +28,7 @@ __all__ = ["main", "build_parser", "UsageError", "parse_count", "stage_list"]
 # In the order `zerojax --help` lists them.
 COMMANDS = {"train": train, "memory": memory, "analyze": analyze, "plan": plan, "export": export,
             "generate": generate, "serve": serve, "collect": collect, "rollout": rollout, "tokenizer": tokenizer, "report": report,
-            "formats": formats}
+            "formats": formats, "stats": stats}
 
 
 def build_parser() -> Parser:

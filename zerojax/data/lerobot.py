@@ -56,7 +56,11 @@ from zerojax.models.family import ACTION, CAMERA, STATE, Field
 
 VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
-EPS = 1e-8  # NormalizerProcessorStep's default eps
+# NormalizerProcessorStep's default eps, used as LeRobot (0.4 to 0.6.1) uses it: mean_std divides by std + eps;
+# min_max, quantiles (q01/q99) and quantile10 (q10/q90) put eps in place of a denominator that is exactly 0
+# and add nothing elsewhere. openpi adds 1e-6 to q99 - q01 always (a relative 1e-6 / (q99 - q01) apart);
+# zerojax follows LeRobot, whose processor files and stats.json it reads and writes (tests/test_quantiles.py).
+EPS = 1e-8
 
 
 def root_of(cfg) -> Path:
@@ -136,7 +140,8 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
 
 
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
-    """NormalizerProcessorStep's formulas, in float32 as it computes them."""
+    """NormalizerProcessorStep's formulas, in float32 as it computes them (mode: data.norm_*; the
+    quantile modes map [q01, q99] or [q10, q90] to [-1, 1], unclipped; eps as EPS says)."""
     if mode == "identity":
         return x
     lo, hi = (np.asarray(stats[k], np.float32) for k in meta.STAT_KEYS[mode])

@@ -51,7 +51,10 @@ STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's 
 BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output_features"),
            ("unnormalize_outputs", "output_features"))
 MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
-DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot's
+# data.norm_* -> LeRobot's NormalizationMode (QUANTILES: q01/q99 -> [-1, 1], QUANTILE10: q10/q90; LeRobot 0.4+,
+# its processor files; 0.3.x's buffers hold MODE_STATS only, so `stat_tensors` refuses them for a 0.3 export)
+DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX", "quantiles": "QUANTILES",
+              "quantile10": "QUANTILE10"}
 LEROBOT_MODES = {lerobot: data for data, lerobot in DATA_MODES.items()}  # and back
 
 
@@ -206,7 +209,7 @@ def _data_config(data: dict, image_size: int) -> dict:
     for key, kind in ((STATE, "STATE"), (ACTION, "ACTION")):
         mode = data["modes"].get(key, "identity")
         if mode not in DATA_MODES:
-            raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
+            raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot normalizes with "
                               f"{', '.join(DATA_MODES)} only, so --format lerobot cannot write it")
         mapping[kind] = DATA_MODES[mode]
     return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping}
