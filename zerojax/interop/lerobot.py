@@ -29,7 +29,7 @@ it they are left out, which LeRobot's non-strict load accepts (they stay at thei
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +51,9 @@ STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's 
 BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output_features"),
            ("unnormalize_outputs", "output_features"))
 MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
-DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot's
-LEROBOT_MODES = {lerobot: data for data, lerobot in DATA_MODES.items()}  # and back
+DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot 0.3's
+QUANTILE_MODES = {"quantiles": "QUANTILES", "quantile10": "QUANTILE10"}  # and 0.4+'s (processor files) besides
+LEROBOT_MODES = {lerobot: data for data, lerobot in {**DATA_MODES, **QUANTILE_MODES}.items()}  # LeRobot's -> data.norm_*
 
 
 def read_config(directory: Path) -> dict:
@@ -144,10 +145,11 @@ def read_policy(directory) -> PolicyDir:
     directory = Path(directory)
     where, config = str(directory), read_config(directory)
     features, norms = features_of(config, read_stats(directory), where)
-    resize = config.get("resize_imgs_with_padding")
+    key = "resize_imgs_with_padding" if "resize_imgs_with_padding" in config else "image_resolution"  # 0.3, 0.4+
+    resize = config.get(key)
     if resize is None or len(set(resize)) != 1:
-        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}; zerojax serves policies whose "
-                          "images are resized to a square (LeRobot's default [224, 224])")
+        raise ConfigError(f"{where}/config.json: {key}={resize}; zerojax serves policies whose images are resized to "
+                          "a square (LeRobot's default [224, 224])")
     prompt_len = config.get("tokenizer_max_length")
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3",
@@ -288,8 +290,10 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
     extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()}
-    tensors = hf_tensors(model["family"], shapes, stacked, layout.tensors)
-    written = {t.name for t in tensors}
+    table = {path: replace(t, name=layout.aliases.get(t.name, t.name)) for path, t in layout.tensors.items()}
+    tensors = hf_tensors(model["family"], shapes, stacked, table)  # 0.3's names (lm_head for embed_tokens)
+    # a tensor written under one name is not copied from model.init_from under its other (a stale table)
+    written = {t.name for t in tensors} | set(layout.aliases)
     unused = _unused_tensors(model.get("init_from", ""), written)
     tensors += [Entry(name, f"lerobot:{name}", None, shape) for name, shape in unused.items()]
     tensors += [Entry(path.removeprefix("lerobot:"), path, None, value.shape) for path, value in extra.items()]

@@ -81,6 +81,9 @@ class LeRobotLayout:
     model_keys: Callable[[dict, dict, str, dict], dict]
     tensors: dict[str, Tensor]  # zerojax parameter path -> its LeRobot tensor
     to_config: Callable[[dict, dict], dict]  # (a run's model section, a LeRobot config.json to start from) -> config.json
+    # a tensor name -> the name another LeRobot version keeps it under (0.3's tied `lm_head` for
+    # 0.6's `embed_tokens`): read where the first is absent, and written beside it in an export
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def at_least(key: str, value: float, low: float) -> None:

@@ -1,8 +1,13 @@
 """π0's LeRobot checkpoint layout (`PI0Policy.save_pretrained`: config.json with "type": "pi0",
-model.safetensors with LeRobot's names `model.paligemma_with_expert.…`), as LeRobot 0.3.x with
-transformers 4.5x writes it: the tensor table, the model keys config.json and the tensors'
-shapes imply, and config.json for an export. `zerojax.interop.lerobot` reads and writes it for
-any family that declares a `LeRobotLayout`; this module is π0's.
+model.safetensors with LeRobot's names `model.paligemma_with_expert.…`), as LeRobot 0.6 (with
+transformers 5) and 0.3 (with transformers 4.5x) write it: the tensor table, the model keys
+config.json and the tensors' shapes imply, and config.json for an export. `zerojax.interop.lerobot`
+reads and writes it for any family that declares a `LeRobotLayout`; this module is π0's.
+
+The prompt's embedding table: LeRobot 0.6 saves the VLM's `embed_tokens` and its `lm_head`
+untied, and reads only `embed_tokens` (a LeRobot 0.6 fine-tune moves it and leaves `lm_head`);
+LeRobot 0.3 saved the two tied, as `lm_head` alone. zerojax reads `embed_tokens` where the file
+has it, else `lm_head` (`EMBED_ALIASES`), and writes both from its one table.
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ from zerojax.errors import ConfigError
 from zerojax.models import siglip
 from zerojax.models.family import LeRobotLayout, Tensor
 
-# LeRobot's checkpoint (PI0Policy.save_pretrained, LeRobot 0.3.x with transformers 4.5x): the
-# tensor table. The VLM's token embedding is saved as its tied `lm_head`; the expert's lm_head
+# LeRobot's checkpoint (PI0Policy.save_pretrained): the tensor table. The expert's lm_head
 # (random, never used: π0 predicts velocities, not tokens) is written back as LeRobot expects it.
 
 ROOT = "model.paligemma_with_expert."
 VLM = ROOT + "paligemma.model."
 VLM_LAYER = VLM + "language_model.layers.{i}."
 EXPERT_LAYER = ROOT + "gemma_expert.model.layers.{i}."
+EMBED, LM_HEAD = VLM + "language_model.embed_tokens.weight", ROOT + "paligemma.lm_head.weight"
+EMBED_ALIASES = {EMBED: LM_HEAD}  # 0.6's embed_tokens -> where 0.3 keeps it (tied)
 
 
 def _stream_tensors(stream: str, layer: str) -> dict:
@@ -37,7 +43,7 @@ LEROBOT_TENSORS = {
     **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
     "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
     "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
-    "embed_tokens/embedding": Tensor(ROOT + "paligemma.lm_head.weight"),
+    "embed_tokens/embedding": Tensor(EMBED),
     "norm/scale": Tensor(VLM + "language_model.norm.weight"),
     "expert_norm/scale": Tensor(ROOT + "gemma_expert.model.norm.weight"),
     **_stream_tensors("vlm", VLM_LAYER),
@@ -63,7 +69,7 @@ def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> d
 
     depth = lambda pattern: len({m.group(1) for k in shapes if (m := re.match(pattern, k))})
     vlm, expert = VLM_LAYER.format(i=0), EXPERT_LAYER.format(i=0)
-    vocab, width = shape(ROOT + "paligemma.lm_head.weight")
+    vocab, width = shape(EMBED if EMBED in shapes else LM_HEAD)
     head_dim, kv_rows = shape(vlm + "self_attn.k_proj.weight")[0], shape(expert + "self_attn.k_proj.weight")[0]
     layers = depth(re.escape(VLM + "language_model.layers.") + r"(\d+)\.")
     expert_layers = depth(re.escape(ROOT + "gemma_expert.model.layers.") + r"(\d+)\.")
@@ -111,4 +117,4 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 
 
 LEROBOT = LeRobotLayout(type="pi0", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config)
+                        to_config=to_lerobot_config, aliases=EMBED_ALIASES)
