@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from conftest import ROOT
+from conftest import ROOT, run
 from zerojax.data.lerobot import normalize
 from zerojax.interop import lerobot
 
@@ -78,3 +78,54 @@ def test_a_lerobot06_pi0_is_read_for_serving():
     policy = lerobot.read_policy(FIXTURE / "pi0")
     assert (policy.image_size, policy.prompt_len, policy.pad_before) == (28, 8, False)
     assert policy.norms["observation.state"]["mode"] == "mean_std"
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A stage-3 run from the LeRobot 0.6 π0: one step at lr 0 (the weights stay the checkpoint's)."""
+    out = tmp_path_factory.mktemp("imported06")
+    run(["data.source=pi0_source:build", f"model.init_from={FIXTURE / 'pi0'}", "model.vision.n_heads=2",
+         "train.global_batch=16", "zero.min_shard_size=64", "train.log_every=1", "train.eval_every=0",
+         "train.sample_tokens=0", "optim.warmup_steps=0", "model.remat=none", "zero.stage=3", "train.steps=1",
+         "train.ckpt_every=1", "optim.lr=0", f"train.out_dir={out}"])
+    return out
+
+
+def test_an_export_is_in_lerobot06s_layout(imported, tmp_path):
+    """0.6's layout, as LeRobot 0.6.1 writes it: every tensor of the checkpoint the run started
+    from, the prompt's embedding under embed_tokens and lm_head both (from zerojax's one table; the
+    fixture's lm_head is LeRobot's untied, unused one), and its processor files, statistics and all.
+    (scripts/checks/check_lerobot06_export.py loads one in LeRobot 0.6.1 itself.)"""
+    from zerojax import cli
+
+    assert cli.main(["export", str(imported), "--format", "lerobot", "--out", str(tmp_path / "out")]) == 0
+    out, fixture = load_file(tmp_path / "out" / "model.safetensors"), load_file(FIXTURE / "pi0" / "model.safetensors")
+    assert set(out) == set(fixture)
+    assert [k for k in fixture if not np.array_equal(out[k], fixture[k])] == [LM_HEAD]
+    np.testing.assert_array_equal(out[LM_HEAD], fixture[EMBED])
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        assert json.loads((tmp_path / "out" / name).read_text()) == json.loads((FIXTURE / "pi0" / name).read_text())
+    for name in ("policy_preprocessor_step_6_normalizer_processor.safetensors",
+                 "policy_postprocessor_step_0_unnormalizer_processor.safetensors"):
+        want = load_file(FIXTURE / "pi0" / name)
+        assert {k: v.tobytes() for k, v in load_file(tmp_path / "out" / name).items()} == \
+            {k: v.tobytes() for k, v in want.items()}
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["image_resolution"] == [28, 28] and "resize_imgs_with_padding" not in config
+
+
+def test_an_export_without_processor_steps_to_keep_writes_lerobots_defaults(imported, tmp_path):
+    """A run that kept no processor files (it did not start from a 0.4+ checkpoint) gets π0's
+    default steps: those LeRobot 0.6.1's make_pi0_pre_post_processors wrote for the fixture."""
+    from zerojax import cli
+
+    shutil.copytree(imported, tmp_path / "run")
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        (tmp_path / "run" / "lerobot_init" / name).unlink()
+    assert cli.main(["export", str(tmp_path / "run"), "--format", "lerobot", "--out", str(tmp_path / "out")]) == 0
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        got, want = (json.loads((d / name).read_text()) for d in (tmp_path / "out", FIXTURE / "pi0"))
+        for step in want["steps"]:  # the fixture's tokenizer is its own; LeRobot's default is the hub's
+            if step["registry_name"] == "tokenizer_processor":
+                step["config"]["tokenizer_name"] = "google/paligemma-3b-pt-224"
+        assert got == want

@@ -84,6 +84,9 @@ class LeRobotLayout:
     # a tensor name -> the name another LeRobot version keeps it under (0.3's tied `lm_head` for
     # 0.6's `embed_tokens`): read where the first is absent, and written beside it in an export
     aliases: dict[str, str] = field(default_factory=dict)
+    # config.json -> (pre, post): LeRobot 0.4+'s processor steps, as policy_pre/postprocessor.json
+    # list them, for an export that did not start from a checkpoint with its own (None: none written)
+    processors: Callable[[dict], tuple[list, list]] | None = None
 
 
 def at_least(key: str, value: float, low: float) -> None:

@@ -105,16 +105,40 @@ def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> d
 
 
 def to_lerobot_config(model: dict, base: dict) -> dict:
-    """A LeRobot 0.3.x PI0Config's config.json for a run's model section: `base` (the config.json
-    the run started from, or {}) with the keys the model fixes set from it."""
+    """A LeRobot PI0Config's config.json for a run's model section: `base` (the config.json the run
+    started from, or {}) with the keys the model fixes set from it. LeRobot 0.3's where `base` is
+    (it has `resize_imgs_with_padding`), else LeRobot 0.6's (`image_resolution`; its other fields
+    LeRobot's defaults)."""
     a, S = model["action"], model["vision"]["image_size"]
     out = {"type": "pi0", "n_obs_steps": 1, **base}
     out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
                max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
-               tokenizer_max_length=a["prompt_len"], proj_width=model["expert"]["d_model"],
-               resize_imgs_with_padding=[S, S])
+               tokenizer_max_length=a["prompt_len"])
+    if "resize_imgs_with_padding" in base:
+        out.update(proj_width=model["expert"]["d_model"], resize_imgs_with_padding=[S, S])
+    else:
+        out.update(image_resolution=[S, S], dtype="float32")
     return out
 
 
+def lerobot_processors(config: dict) -> tuple[list, list]:
+    """LeRobot 0.6's π0 processor steps (`make_pi0_pre_post_processors`), as its
+    policy_preprocessor.json and policy_postprocessor.json list them, for an export whose run
+    kept none: the normalizers' features, modes and files are filled in by the writer."""
+    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
+    tokenizer = {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
+                 "padding": "max_length", "truncation": True, "tokenizer_name": "google/paligemma-3b-pt-224"}
+    relative = {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}
+    pre = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+           {"registry_name": "to_batch_processor", "config": {}},
+           {"registry_name": "pi0_new_line_processor", "config": {}},
+           {"registry_name": "tokenizer_processor", "config": tokenizer}, device,
+           {"registry_name": "relative_actions_processor", "config": relative},
+           {"registry_name": "normalizer_processor", "config": {"eps": 1e-08}}]
+    post = [{"registry_name": "unnormalizer_processor", "config": {"eps": 1e-08}},
+            {"registry_name": "absolute_actions_processor", "config": {"enabled": False}}, device]
+    return pre, post
+
+
 LEROBOT = LeRobotLayout(type="pi0", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config, aliases=EMBED_ALIASES)
+                        to_config=to_lerobot_config, aliases=EMBED_ALIASES, processors=lerobot_processors)
