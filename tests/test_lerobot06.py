@@ -81,10 +81,16 @@ def test_a_lerobot06_pi0_is_read_for_serving():
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
+def start(tmp_path_factory):
+    """A copy of the LeRobot 0.6 π0 to start from: one test takes it away."""
+    return shutil.copytree(FIXTURE / "pi0", tmp_path_factory.mktemp("start06") / "pi0")
+
+
+@pytest.fixture(scope="module")
+def imported(start, tmp_path_factory):
     """A stage-3 run from the LeRobot 0.6 π0: one step at lr 0 (the weights stay the checkpoint's)."""
     out = tmp_path_factory.mktemp("imported06")
-    run(["data.source=pi0_source:build", f"model.init_from={FIXTURE / 'pi0'}", "model.vision.n_heads=2",
+    run(["data.source=pi0_source:build", f"model.init_from={start}", "model.vision.n_heads=2",
          "train.global_batch=16", "zero.min_shard_size=64", "train.log_every=1", "train.eval_every=0",
          "train.sample_tokens=0", "optim.warmup_steps=0", "model.remat=none", "zero.stage=3", "train.steps=1",
          "train.ckpt_every=1", "optim.lr=0", f"train.out_dir={out}"])
@@ -129,3 +135,19 @@ def test_an_export_without_processor_steps_to_keep_writes_lerobots_defaults(impo
             if step["registry_name"] == "tokenizer_processor":
                 step["config"]["tokenizer_name"] = "google/paligemma-3b-pt-224"
         assert got == want
+
+
+def test_an_export_without_its_starting_checkpoint_still_has_every_tensor_lerobot06_loads(start, imported, tmp_path):
+    """LeRobot 0.6 loads strictly: the expert's lm_head (never used: π0 predicts velocities),
+    which zerojax does not hold, is written as zeros when model.init_from is gone."""
+    from zerojax import cli
+
+    start.rename(start.with_name("gone"))
+    try:
+        assert cli.main(["export", str(imported), "--format", "lerobot", "--out", str(tmp_path / "out")]) == 0
+    finally:
+        start.with_name("gone").rename(start)
+    out, fixture = load_file(tmp_path / "out" / "model.safetensors"), load_file(FIXTURE / "pi0" / "model.safetensors")
+    assert set(out) == set(fixture)
+    expert_head = "model.paligemma_with_expert.gemma_expert.lm_head.weight"
+    assert out[expert_head].shape == fixture[expert_head].shape and not out[expert_head].any()

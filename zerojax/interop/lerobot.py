@@ -315,6 +315,9 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     # a tensor written under one name is not copied from model.init_from under its other (a stale table)
     unused = _unused_tensors(model.get("init_from", ""), {t.name for t in tensors} | set(layout.aliases))
     tensors += [Entry(name, f"lerobot:{name}", None, shape) for name, shape in unused.items()]
+    if not v03 and layout.unused:  # 0.6 loads strictly: what the start did not give, as zeros
+        extra.update({f"lerobot:{n}": np.zeros(shape, np.float32) for n, shape in layout.unused(model).items()
+                      if n not in unused})
     tensors += [Entry(path.removeprefix("lerobot:"), path, None, value.shape) for path, value in extra.items()]
     source = Checkpoint([Path(model["init_from"]) / "model.safetensors"], model["init_from"]) if unused else None
 

@@ -87,6 +87,9 @@ class LeRobotLayout:
     # config.json -> (pre, post): LeRobot 0.4+'s processor steps, as policy_pre/postprocessor.json
     # list them, for an export that did not start from a checkpoint with its own (None: none written)
     processors: Callable[[dict], tuple[list, list]] | None = None
+    # a run's model section -> {name: shape}: tensors LeRobot's model holds that zerojax's does not use
+    # (π0's expert `lm_head`), written as zeros where model.init_from does not give them (0.6 loads strictly)
+    unused: Callable[[dict], dict] | None = None
 
 
 def at_least(key: str, value: float, low: float) -> None:

@@ -26,6 +26,7 @@ VLM = ROOT + "paligemma.model."
 VLM_LAYER = VLM + "language_model.layers.{i}."
 EXPERT_LAYER = ROOT + "gemma_expert.model.layers.{i}."
 EMBED, LM_HEAD = VLM + "language_model.embed_tokens.weight", ROOT + "paligemma.lm_head.weight"
+EXPERT_LM_HEAD = ROOT + "gemma_expert.lm_head.weight"  # random in LeRobot, never used: π0 predicts velocities
 EMBED_ALIASES = {EMBED: LM_HEAD}  # 0.6's embed_tokens -> where 0.3 keeps it (tied)
 
 
@@ -141,4 +142,5 @@ def lerobot_processors(config: dict) -> tuple[list, list]:
 
 
 LEROBOT = LeRobotLayout(type="pi0", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config, aliases=EMBED_ALIASES, processors=lerobot_processors)
+                        to_config=to_lerobot_config, aliases=EMBED_ALIASES, processors=lerobot_processors,
+                        unused=lambda model: {EXPERT_LM_HEAD: (model["vocab_size"], model["expert"]["d_model"])})
