@@ -68,4 +68,4 @@ def test_a_datasets_stats_json_quantiles_give_lerobots_numbers():
 
 def test_the_modes_map_both_ways_for_an_export():
     for data_mode in ("quantiles", "quantile10"):
-        assert interop.LEROBOT_MODES[interop.DATA_MODES[data_mode]] == data_mode
+        assert interop.LEROBOT_MODES[interop.QUANTILE_MODES[data_mode]] == data_mode

@@ -19,7 +19,8 @@ def arguments(export: Parser) -> None:
     export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
                              "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
-                             "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.3.x layout)")
+                             "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.6's layout with "
+                             "processor files; 0.3's for a run that started from a 0.3 checkpoint)")
     export.add_argument("--merge", action="store_true",
                         help="hf or lerobot, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",

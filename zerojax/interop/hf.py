@@ -129,7 +129,8 @@ def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: t
     one safetensors file of zerojax parameter paths (`zerojax export`)."""
     path, kind = Path(init_from), init_source(init_from)
     if kind == LEROBOT:  # a LeRobot policy: its family's LeRobot names
-        ckpt, table = Checkpoint([path / "model.safetensors"], init_from), registry.lerobot_layout(family).tensors
+        layout = registry.lerobot_layout(family)
+        ckpt, table = Checkpoint([path / "model.safetensors"], init_from, aliases=layout.aliases), layout.tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
     if kind == HUGGING_FACE:

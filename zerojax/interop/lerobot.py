@@ -12,14 +12,18 @@ by slice as for Hugging Face (`interop.hf.init_checkpoint`). The normalization s
 `observation.state.mean`, ...); `read_stats` reads either. The run keeps config.json and the
 statistics in RUN_DIR/lerobot_init/ (`init_files`), so its export does not depend on DIR.
 
-Out: `save` (`zerojax export --format lerobot`) writes what LeRobot 0.3.x's
-`PI0Policy.from_pretrained` loads: config.json (the one the run started from, with the keys the
-model fixes set from the run, and the features and normalization of the run's LeRobot dataset
-where it trained on one) and one model.safetensors with the statistics as buffers (the dataset's
-where the run has them, RUN_DIR/lerobot.json, else the checkpoint's it started from). Tensors of
-the starting checkpoint that the model does not use (the expert's `lm_head`: π0 predicts
-velocities, not tokens) are copied from model.init_from while that directory is there; without
-it they are left out, which LeRobot's non-strict load accepts (they stay at their init).
+Out: `save` (`zerojax export --format lerobot`) writes what LeRobot loads: config.json (the one
+the run started from, with the keys the model fixes set from the run, and the features and
+normalization of the run's LeRobot dataset where it trained on one) and one model.safetensors. In
+LeRobot 0.6's layout (the default): the prompt's embedding under both names the layout gives it
+(`LeRobotLayout.aliases`: embed_tokens and lm_head), and the processor files
+(`lerobot_processors`: the starting checkpoint's steps, else the family's) with the statistics (the
+dataset's where the run has them, RUN_DIR/lerobot.json, else the checkpoint's it started from).
+In 0.3's, where the run started from a LeRobot 0.3 checkpoint (its config.json has
+`resize_imgs_with_padding`): the embedding as lm_head alone, the statistics as buffers in
+model.safetensors. Tensors of the starting checkpoint that the model does not use (the expert's
+`lm_head`: π0 predicts velocities, not tokens) are copied from model.init_from while that
+directory is there; without it they are left out (LeRobot 0.3's non-strict load accepts that).
 
     cfg, model = zerojax.interop.lerobot.load(DIR)  # one device, fp32
     model.flow_loss(batch, noise, time)           # LeRobot's PI0FlowMatching.forward
@@ -29,7 +33,7 @@ it they are left out, which LeRobot's non-strict load accepts (they stay at thei
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,22 +44,22 @@ from zerojax.errors import ConfigError
 from zerojax.data.lerobot_meta import STAT_KEYS
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
+from zerojax.interop import lerobot_processors as processors
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill
 
 # model.safetensors' metadata in an export: zerojax trains with openpi's centred image padding,
 # LeRobot 0.3.x pads top and left, so `zerojax serve` of the export knows which it learnt with.
 PADDING_KEY, CENTRED = "zerojax.image_padding", "centre"
 INIT_DIR = "lerobot_init"  # RUN_DIR/lerobot_init/: the LeRobot checkpoint's config.json and statistics
+ALIAS = "alias:"  # an export's second name for a leaf's tensor (LeRobotLayout.aliases)
 STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's normalizer saves them
 # LeRobot 0.3.x's normalization modules: (module, the features it normalizes)
 BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output_features"),
            ("unnormalize_outputs", "output_features"))
 MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
-# data.norm_* -> LeRobot's NormalizationMode (QUANTILES: q01/q99 -> [-1, 1], QUANTILE10: q10/q90; LeRobot 0.4+,
-# its processor files; 0.3.x's buffers hold MODE_STATS only, so `stat_tensors` refuses them for a 0.3 export)
-DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX", "quantiles": "QUANTILES",
-              "quantile10": "QUANTILE10"}
-LEROBOT_MODES = {lerobot: data for data, lerobot in DATA_MODES.items()}  # and back
+DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot 0.3's
+QUANTILE_MODES = {"quantiles": "QUANTILES", "quantile10": "QUANTILE10"}  # and 0.4+'s (processor files) besides
+LEROBOT_MODES = {lerobot: data for data, lerobot in {**DATA_MODES, **QUANTILE_MODES}.items()}  # LeRobot's -> data.norm_*
 
 
 def read_config(directory: Path) -> dict:
@@ -147,10 +151,11 @@ def read_policy(directory) -> PolicyDir:
     directory = Path(directory)
     where, config = str(directory), read_config(directory)
     features, norms = features_of(config, read_stats(directory), where)
-    resize = config.get("resize_imgs_with_padding")
+    key = "resize_imgs_with_padding" if "resize_imgs_with_padding" in config else "image_resolution"  # 0.3, 0.4+
+    resize = config.get(key)
     if resize is None or len(set(resize)) != 1:
-        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={resize}; zerojax serves policies whose "
-                          "images are resized to a square (LeRobot's default [224, 224])")
+        raise ConfigError(f"{where}/config.json: {key}={resize}; zerojax serves policies whose images are resized to "
+                          "a square (LeRobot's default [224, 224])")
     prompt_len = config.get("tokenizer_max_length")
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3",
@@ -166,8 +171,10 @@ def init_files(directory) -> dict:
     read_config(directory)
     flat = {f"{feature}.{stat}": value for feature, stats in read_stats(directory).items()
             for stat, value in stats.items()}
+    kept = {f"{INIT_DIR}/{name}": (directory / name).read_bytes() for name in processors.FILES
+            if (directory / name).is_file()}  # 0.4+'s processor steps, for the export
     return {f"{INIT_DIR}/config.json": (directory / "config.json").read_bytes(),
-            f"{INIT_DIR}/{STATS_FILE}": save(flat)}
+            f"{INIT_DIR}/{STATS_FILE}": save(flat), **kept}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,8 +203,9 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
     return base, stats, data
 
 
-def _data_config(data: dict, image_size: int) -> dict:
-    """config.json's features and normalization_mapping for the run's LeRobot dataset."""
+def _data_config(data: dict, image_size: int, modes: dict = DATA_MODES) -> dict:
+    """config.json's features and normalization_mapping for the run's LeRobot dataset (`modes`:
+    what the LeRobot written can normalize with, data.norm_* -> its mode)."""
     inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
     for key, feature in data["features"].items():
         if key == ACTION:
@@ -208,10 +216,10 @@ def _data_config(data: dict, image_size: int) -> dict:
             inputs[key] = {"type": "VISUAL", "shape": [3, image_size, image_size]}
     for key, kind in ((STATE, "STATE"), (ACTION, "ACTION")):
         mode = data["modes"].get(key, "identity")
-        if mode not in DATA_MODES:
-            raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot normalizes with "
-                              f"{', '.join(DATA_MODES)} only, so --format lerobot cannot write it")
-        mapping[kind] = DATA_MODES[mode]
+        if mode not in modes:
+            raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
+                              f"{', '.join(modes)} only, so --format lerobot cannot write it")
+        mapping[kind] = modes[mode]
     return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping}
 
 
@@ -274,10 +282,11 @@ def stat_tensors(config: dict, stats: dict) -> dict:
 
 def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *,
          dtype: str = "float32") -> tuple[int, int]:
-    """A LeRobot 0.3.x π0 directory at `out` (what `zerojax export --format lerobot` writes):
-    config.json and model.safetensors (module docstring). `shapes`: zerojax parameter path -> true
-    shape; `blocks_of(path)` yields a leaf's pieces. Written to `out`.tmp and renamed once
-    complete. Returns (bytes, tensors)."""
+    """A LeRobot policy directory at `out` (what `zerojax export --format lerobot` writes):
+    config.json, model.safetensors and, in 0.6's layout, the processor files (module docstring).
+    0.3's layout where the run started from a 0.3 checkpoint, else 0.6's. `shapes`: zerojax
+    parameter path -> true shape; `blocks_of(path)` yields a leaf's pieces. Written to `out`.tmp
+    and renamed once complete. Returns (bytes, tensors)."""
     from zerojax.interop.hf import hf_tensors
 
     if out.exists():
@@ -285,22 +294,38 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     layout = registry.lerobot_layout(model["family"])
     base, stats, data = _run_policy(run_dir)
     config = layout.to_config(model, base)
+    v03 = "resize_imgs_with_padding" in config
     if data:
-        config.update(_data_config(data, model["vision"]["image_size"]))
+        config.update(_data_config(data, model["vision"]["image_size"], DATA_MODES if v03 else
+                                   {**DATA_MODES, **QUANTILE_MODES}))
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
-    extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()}
-    tensors = hf_tensors(model["family"], shapes, stacked, layout.tensors)
-    written = {t.name for t in tensors}
-    unused = _unused_tensors(model.get("init_from", ""), written)
+    extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()} if v03 else {}
+    steps = None if v03 else processors.steps_of(_kept_processors(run_dir), layout.processors and
+                                                 layout.processors(config))
+    if not v03:
+        processors.check_stats(config, stats)  # before anything is written
+    # 0.3: the embedding under its tied name (lm_head); 0.6: under embed_tokens and lm_head both
+    table = {path: replace(t, name=layout.aliases.get(t.name, t.name)) for path, t in layout.tensors.items()} \
+        if v03 else layout.tensors
+    tensors = hf_tensors(model["family"], shapes, stacked, table)
+    tensors += [] if v03 else [e._replace(name=layout.aliases[e.name], path=f"{ALIAS}{e.path}") for e in tensors
+                               if e.name in layout.aliases]  # a path of its own: `fill` takes one tensor a leaf
+    # a tensor written under one name is not copied from model.init_from under its other (a stale table)
+    unused = _unused_tensors(model.get("init_from", ""), {t.name for t in tensors} | set(layout.aliases))
     tensors += [Entry(name, f"lerobot:{name}", None, shape) for name, shape in unused.items()]
+    if not v03 and layout.unused:  # 0.6 loads strictly: what the start did not give, as zeros
+        extra.update({f"lerobot:{n}": np.zeros(shape, np.float32) for n, shape in layout.unused(model).items()
+                      if n not in unused})
     tensors += [Entry(path.removeprefix("lerobot:"), path, None, value.shape) for path, value in extra.items()]
     source = Checkpoint([Path(model["init_from"]) / "model.safetensors"], model["init_from"]) if unused else None
 
     def blocks(path):
         if path in extra:
             yield tuple(slice(0, n) for n in extra[path].shape), extra[path]
+        elif path.startswith(ALIAS):
+            yield from blocks_of(path.removeprefix(ALIAS))
         elif path.startswith("lerobot:"):
             name = path.removeprefix("lerobot:")
             yield tuple(slice(0, n) for n in unused[name]), source.read(name, ())
@@ -311,8 +336,16 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     tmp.mkdir(parents=True, exist_ok=True)
     fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: CENTRED}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
+    if steps:
+        processors.write(tmp, config, stats, steps)
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+
+
+def _kept_processors(run_dir: Path) -> dict:
+    """The processor files (name -> bytes) of the checkpoint the run started from, as it kept them."""
+    init = run_dir / INIT_DIR
+    return {name: (init / name).read_bytes() for name in processors.FILES if (init / name).is_file()}
 
 
 def _unused_tensors(init_from: str, written: set) -> dict:

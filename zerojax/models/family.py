@@ -81,6 +81,15 @@ class LeRobotLayout:
     model_keys: Callable[[dict, dict, str, dict], dict]
     tensors: dict[str, Tensor]  # zerojax parameter path -> its LeRobot tensor
     to_config: Callable[[dict, dict], dict]  # (a run's model section, a LeRobot config.json to start from) -> config.json
+    # a tensor name -> the name another LeRobot version keeps it under (0.3's tied `lm_head` for
+    # 0.6's `embed_tokens`): read where the first is absent, and written beside it in an export
+    aliases: dict[str, str] = field(default_factory=dict)
+    # config.json -> (pre, post): LeRobot 0.4+'s processor steps, as policy_pre/postprocessor.json
+    # list them, for an export that did not start from a checkpoint with its own (None: none written)
+    processors: Callable[[dict], tuple[list, list]] | None = None
+    # a run's model section -> {name: shape}: tensors LeRobot's model holds that zerojax's does not use
+    # (π0's expert `lm_head`), written as zeros where model.init_from does not give them (0.6 loads strictly)
+    unused: Callable[[dict], dict] | None = None
 
 
 def at_least(key: str, value: float, low: float) -> None:

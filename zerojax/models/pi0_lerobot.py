@@ -1,8 +1,13 @@
 """π0's LeRobot checkpoint layout (`PI0Policy.save_pretrained`: config.json with "type": "pi0",
-model.safetensors with LeRobot's names `model.paligemma_with_expert.…`), as LeRobot 0.3.x with
-transformers 4.5x writes it: the tensor table, the model keys config.json and the tensors'
-shapes imply, and config.json for an export. `zerojax.interop.lerobot` reads and writes it for
-any family that declares a `LeRobotLayout`; this module is π0's.
+model.safetensors with LeRobot's names `model.paligemma_with_expert.…`), as LeRobot 0.6 (with
+transformers 5) and 0.3 (with transformers 4.5x) write it: the tensor table, the model keys
+config.json and the tensors' shapes imply, and config.json for an export. `zerojax.interop.lerobot`
+reads and writes it for any family that declares a `LeRobotLayout`; this module is π0's.
+
+The prompt's embedding table: LeRobot 0.6 saves the VLM's `embed_tokens` and its `lm_head`
+untied, and reads only `embed_tokens` (a LeRobot 0.6 fine-tune moves it and leaves `lm_head`);
+LeRobot 0.3 saved the two tied, as `lm_head` alone. zerojax reads `embed_tokens` where the file
+has it, else `lm_head` (`EMBED_ALIASES`), and writes both from its one table.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from zerojax.errors import ConfigError
 from zerojax.models import siglip
 from zerojax.models.family import LeRobotLayout, Tensor
 
-# LeRobot's checkpoint (PI0Policy.save_pretrained, LeRobot 0.3.x with transformers 4.5x): the
-# tensor table. The VLM's token embedding is saved as its tied `lm_head`; the expert's lm_head
+# LeRobot's checkpoint (PI0Policy.save_pretrained): the tensor table. The expert's lm_head
 # (random, never used: π0 predicts velocities, not tokens) is written back as LeRobot expects it.
 
 ROOT = "model.paligemma_with_expert."
 VLM = ROOT + "paligemma.model."
 VLM_LAYER = VLM + "language_model.layers.{i}."
 EXPERT_LAYER = ROOT + "gemma_expert.model.layers.{i}."
+EMBED, LM_HEAD = VLM + "language_model.embed_tokens.weight", ROOT + "paligemma.lm_head.weight"
+EXPERT_LM_HEAD = ROOT + "gemma_expert.lm_head.weight"  # random in LeRobot, never used: π0 predicts velocities
+EMBED_ALIASES = {EMBED: LM_HEAD}  # 0.6's embed_tokens -> where 0.3 keeps it (tied)
 
 
 def _stream_tensors(stream: str, layer: str) -> dict:
@@ -37,7 +44,7 @@ LEROBOT_TENSORS = {
     **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
     "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
     "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
-    "embed_tokens/embedding": Tensor(ROOT + "paligemma.lm_head.weight"),
+    "embed_tokens/embedding": Tensor(EMBED),
     "norm/scale": Tensor(VLM + "language_model.norm.weight"),
     "expert_norm/scale": Tensor(ROOT + "gemma_expert.model.norm.weight"),
     **_stream_tensors("vlm", VLM_LAYER),
@@ -63,7 +70,7 @@ def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> d
 
     depth = lambda pattern: len({m.group(1) for k in shapes if (m := re.match(pattern, k))})
     vlm, expert = VLM_LAYER.format(i=0), EXPERT_LAYER.format(i=0)
-    vocab, width = shape(ROOT + "paligemma.lm_head.weight")
+    vocab, width = shape(EMBED if EMBED in shapes else LM_HEAD)
     head_dim, kv_rows = shape(vlm + "self_attn.k_proj.weight")[0], shape(expert + "self_attn.k_proj.weight")[0]
     layers = depth(re.escape(VLM + "language_model.layers.") + r"(\d+)\.")
     expert_layers = depth(re.escape(ROOT + "gemma_expert.model.layers.") + r"(\d+)\.")
@@ -99,16 +106,41 @@ def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> d
 
 
 def to_lerobot_config(model: dict, base: dict) -> dict:
-    """A LeRobot 0.3.x PI0Config's config.json for a run's model section: `base` (the config.json
-    the run started from, or {}) with the keys the model fixes set from it."""
+    """A LeRobot PI0Config's config.json for a run's model section: `base` (the config.json the run
+    started from, or {}) with the keys the model fixes set from it. LeRobot 0.3's where `base` is
+    (it has `resize_imgs_with_padding`), else LeRobot 0.6's (`image_resolution`; its other fields
+    LeRobot's defaults)."""
     a, S = model["action"], model["vision"]["image_size"]
     out = {"type": "pi0", "n_obs_steps": 1, **base}
     out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
                max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
-               tokenizer_max_length=a["prompt_len"], proj_width=model["expert"]["d_model"],
-               resize_imgs_with_padding=[S, S])
+               tokenizer_max_length=a["prompt_len"])
+    if "resize_imgs_with_padding" in base:
+        out.update(proj_width=model["expert"]["d_model"], resize_imgs_with_padding=[S, S])
+    else:
+        out.update(image_resolution=[S, S], dtype="float32")
     return out
 
 
+def lerobot_processors(config: dict) -> tuple[list, list]:
+    """LeRobot 0.6's π0 processor steps (`make_pi0_pre_post_processors`), as its
+    policy_preprocessor.json and policy_postprocessor.json list them, for an export whose run
+    kept none: the normalizers' features, modes and files are filled in by the writer."""
+    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
+    tokenizer = {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
+                 "padding": "max_length", "truncation": True, "tokenizer_name": "google/paligemma-3b-pt-224"}
+    relative = {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}
+    pre = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+           {"registry_name": "to_batch_processor", "config": {}},
+           {"registry_name": "pi0_new_line_processor", "config": {}},
+           {"registry_name": "tokenizer_processor", "config": tokenizer}, device,
+           {"registry_name": "relative_actions_processor", "config": relative},
+           {"registry_name": "normalizer_processor", "config": {"eps": 1e-08}}]
+    post = [{"registry_name": "unnormalizer_processor", "config": {"eps": 1e-08}},
+            {"registry_name": "absolute_actions_processor", "config": {"enabled": False}}, device]
+    return pre, post
+
+
 LEROBOT = LeRobotLayout(type="pi0", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config)
+                        to_config=to_lerobot_config, aliases=EMBED_ALIASES, processors=lerobot_processors,
+                        unused=lambda model: {EXPERT_LM_HEAD: (model["vocab_size"], model["expert"]["d_model"])})

@@ -1,0 +1,79 @@
+"""LeRobot 0.4+'s processor files, written for a `zerojax export --format lerobot` in the 0.6
+layout: policy_preprocessor.json and policy_postprocessor.json (the steps LeRobot's
+`PolicyProcessorPipeline.from_pretrained` rebuilds), and the normalizer's and unnormalizer's
+safetensors of statistics (`feature.stat` -> float32, as `NormalizerProcessorStep.state_dict`
+saves them).
+
+The steps are those of the checkpoint the run started from where it kept them
+(RUN_DIR/lerobot_init/), else the family's defaults (`LeRobotLayout.processors`); the
+normalizers' features and modes are config.json's, their statistics the run's, and the
+tokenizer's prompt length the model's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from zerojax.errors import ConfigError
+
+PRE, POST = "policy_preprocessor", "policy_postprocessor"
+FILES = (f"{PRE}.json", f"{POST}.json")  # what a run keeps of the checkpoint it started from
+NORMALIZERS = {"normalizer_processor": "normalizer_processor", "unnormalizer_processor": "unnormalizer_processor"}
+STATS_OF_MODE = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"),
+                 "QUANTILE10": ("q10", "q90"), "IDENTITY": ()}  # what LeRobot's normalizer reads
+
+
+def steps_of(kept: dict, default) -> tuple[list, list]:
+    """(pre, post) steps: the kept files' ({file name: bytes}), else `default` (the family's)."""
+    if all(name in kept for name in FILES):
+        return tuple(json.loads(kept[name])["steps"] for name in FILES)
+    if default is None:
+        raise ConfigError("this family declares no LeRobot processor steps and the run kept none: "
+                          "--format lerobot cannot write LeRobot 0.6's processor files")
+    return default
+
+
+def check_stats(config: dict, stats: dict) -> dict:
+    """{feature: {stat: float32}}: the statistics config.json's modes need, and any others the
+    run has (LeRobot keeps them all); ConfigError naming one that is missing."""
+    mapping, out = config.get("normalization_mapping") or {}, {}
+    features = {**(config.get("input_features") or {}), **(config.get("output_features") or {})}
+    for feature, spec in features.items():
+        mode = mapping.get(spec.get("type"), "IDENTITY")
+        if mode not in STATS_OF_MODE:
+            raise ConfigError(f"normalization_mapping {spec.get('type')}={mode!r}: LeRobot normalizes with "
+                              f"{', '.join(STATS_OF_MODE)}")
+        missing = [s for s in STATS_OF_MODE[mode] if s not in stats.get(feature, {})]
+        if missing:
+            raise ConfigError(f"the run has no normalization statistic {feature}.{'/'.join(missing)} ({mode}); train "
+                              "on a LeRobot dataset (data.source=lerobot:DIR) or start from a LeRobot checkpoint "
+                              "that has its statistics (model.init_from)")
+        if feature in stats:
+            out[feature] = {s: np.asarray(v, np.float32) for s, v in stats[feature].items()}
+    return out
+
+
+def write(out: Path, config: dict, stats: dict, steps: tuple[list, list]) -> None:
+    """The two pipelines' JSON and their normalizers' statistics into directory `out`."""
+    from safetensors.numpy import save_file
+
+    flat = {f"{feature}.{stat}": value for feature, values in check_stats(config, stats).items()
+            for stat, value in values.items()}
+    outputs = config.get("output_features") or {}
+    features = {"normalizer_processor": {**(config.get("input_features") or {}), **outputs},
+                "unnormalizer_processor": outputs}  # what LeRobot's make_default_policy_processor_steps gives each
+    for name, pipeline in zip((PRE, POST), steps):
+        written = []
+        for i, step in enumerate(pipeline):
+            step = {**step, "config": dict(step.get("config") or {})}
+            if step["registry_name"] in NORMALIZERS:
+                step["config"].update(features=features[step["registry_name"]], norm_map=config.get("normalization_mapping") or {})
+                step["state_file"] = f"{name}_step_{i}_{NORMALIZERS[step['registry_name']]}.safetensors"
+                save_file(flat, out / step["state_file"])
+            elif step["registry_name"] == "tokenizer_processor":
+                step["config"]["max_length"] = config["tokenizer_max_length"]
+            written.append(step)
+        (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": written}, indent=2))
