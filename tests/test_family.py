@@ -85,12 +85,15 @@ def test_a_new_policy_family_reaches_data_config_and_serve_through_the_registry(
         policy.check_family({"model": {"family": registry.DEFAULT}}, "a run")
 
 
-def test_a_language_model_reads_the_datasets_features_as_they_are():
-    cfg = config.load(overrides=[f"model.family={registry.of_kind(family_lib.LANGUAGE_MODEL)[0]}",
-                                 f"data.source=lerobot:{LEROBOT_TINY}", "train.global_batch=4", "data.image_size=8",
-                                 "data.action_horizon=2", "data.prompt_len=16"])
+def test_a_model_of_the_users_reads_the_datasets_features_as_they_are():
+    """A family that declares no kind (module:factory) gets the LeRobot reader's own features; a
+    built-in language model is refused (test_a_family_and_a_source_that_do_not_fit...)."""
+    cfg = config.load(overrides=["model.family=twostack_model:build", f"data.source=lerobot:{LEROBOT_TINY}",
+                                 "train.global_batch=4", "data.image_size=8", "data.action_horizon=2",
+                                 "data.prompt_len=16"])
     spec = sources.batch_spec(cfg)
     assert {"observation.state", "action", "action_is_pad", "tokens", "token_mask"} <= set(spec)
+    assert "images" not in spec  # no adapter made a policy's batch of it
 
 
 FIT = [  # (command, what the line must say): each refused before anything is traced or compiled
