@@ -78,7 +78,7 @@ def test_another_policy_type_is_refused(tmp_path):
     shutil.copytree(FIXTURE / "pi0", tmp_path / "act")
     config = json.loads((tmp_path / "act" / "config.json").read_text())
     (tmp_path / "act" / "config.json").write_text(json.dumps({**config, "type": "act"}))
-    with pytest.raises(ConfigError, match="a LeRobot 'act' policy; zerojax reads LeRobot's pi0 policies"):
+    with pytest.raises(ConfigError, match="a LeRobot 'act' policy; zerojax reads LeRobot's pi0, pi05 policies"):
         lerobot.load(tmp_path / "act")
 
 

@@ -1,0 +1,96 @@
+"""π0.5 (`model.family=pi05`): its flow-matching losses and sampled actions equal LeRobot 0.6.1's
+own PyTorch π0.5 on a tiny random checkpoint (tests/fixtures/lerobot06/pi05, made by
+scripts/fixtures/make_lerobot06_fixtures.py in fp32, its adaRMS projections random), its prompt
+equals LeRobot's state-tokenizer step's, and its joint-layer units train on 8 devices as on one."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+from conftest import ROOT, run
+from zerojax.interop import lerobot
+from zerojax.models import pi05_batch
+
+FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
+OBSERVATION = ("images", "image_masks", "tokens", "token_mask", "actions")
+TINY = ["model.family=pi05", "model.vocab_size=256", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+        "model.n_kv_heads=1", "model.head_dim=8", "model.d_ff=32", "model.expert.d_model=16", "model.expert.d_ff=32",
+        "model.vision.image_size=8", "model.vision.patch_size=4", "model.vision.d_model=16", "model.vision.n_layers=1",
+        "model.vision.n_heads=2", "model.vision.d_ff=32", "model.action.horizon=2", "model.action.prompt_len=64",
+        "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
+        "model.action.cameras=2", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=64",
+        f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=8",
+        "zero.min_shard_size=64", "train.steps=2", "train.log_every=1", "train.eval_every=0",
+        "train.sample_tokens=0", "train.ckpt_every=0", "optim.warmup_steps=0", "model.remat=none"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_file(FIXTURE / "pi05.reference.safetensors")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return lerobot.load(FIXTURE / "pi05", vision_heads=2)
+
+
+def test_losses_and_sampled_actions_equal_lerobots(loaded, reference):
+    cfg, model = loaded
+    assert cfg.family == "pi05" and (cfg.expert.d_model, cfg.action.horizon, cfg.action.action_dim) == (16, 4, 3)
+    batch = {k: jnp.asarray(reference[k]) for k in OBSERVATION}
+    losses = model.flow_loss(batch, jnp.asarray(reference["noise"]), jnp.asarray(reference["time"]))
+    assert losses.shape == reference["losses"].shape == (2, 4, 32)
+    np.testing.assert_allclose(losses, reference["losses"], atol=1e-4, rtol=1e-4)
+    sampled = model.sample_actions(batch, jnp.asarray(reference["sample_noise"]))
+    np.testing.assert_allclose(sampled, reference["actions_sampled"], atol=1e-4, rtol=1e-4)
+
+
+def test_the_prompt_holds_the_state_as_lerobot_writes_it(reference):
+    """The prompt's text and tokens equal LeRobot's preprocessor's, from the normalized state."""
+    with safe_open(FIXTURE / "pi05.reference.safetensors", "np") as f:
+        meta = f.metadata()
+    tasks, prompts = json.loads(meta["tasks"]), json.loads(meta["prompts"])
+    width = reference["raw_state"].shape[1]
+    assert [pi05_batch.prompt_text(t, s[:width]) for t, s in zip(tasks, reference["state"])] == prompts
+    tokenizer = Tokenizer.from_file(str(FIXTURE / "tokenizer" / "tokenizer.json"))
+    for row, text in enumerate(prompts):
+        tokens, mask = pi05_batch.tokenize(text, reference["tokens"].shape[1], tokenizer)
+        np.testing.assert_array_equal(tokens[mask], reference["tokens"][row][reference["token_mask"][row]])
+        np.testing.assert_array_equal(mask, reference["token_mask"][row])
+
+
+def test_the_batch_reads_the_state_into_the_prompt():
+    from zerojax import config
+    from zerojax.data import sources
+
+    cfg = config.load(overrides=TINY)
+    src = sources.open_source(cfg)
+    batch = src.rows(0, 0, slice(None))
+    assert "state" not in batch
+    assert {k: v.shape for k, v in batch.items()} == {k: f.shape for k, f in src.spec().items()}
+    raw = src.source.rows(0, 0, slice(None))
+    for row in range(len(batch["tokens"])):
+        text = bytes(batch["tokens"][row][batch["token_mask"][row]].tolist()).decode()
+        task = bytes(raw["tokens"][row][raw["token_mask"][row]].tolist()).decode()
+        assert text == pi05_batch.prompt_text(task, raw["observation.state"][row])
+        assert text.startswith(f"Task: {task.strip()}, State: ") and text.endswith(";\nAction: ")
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    return run(TINY + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
+                       f"train.out_dir={tmp_path_factory.mktemp('one')}"])[0]
+
+
+def test_stage_3_on_8_devices_gives_one_devices_losses(one_device, tmp_path):
+    losses, result = run(TINY + ["zero.stage=3", f"train.out_dir={tmp_path}"])
+    np.testing.assert_allclose(losses, one_device, rtol=1e-5)
+    params = result.state.params
+    assert {"time_mlp_in", "time_mlp_out", "action_in_proj"} <= set(params) and "state_proj" not in params
+    # the adaRMS projections are the joint layer's: gathered with it
+    assert set(params["layers"]["expert"]["input_layernorm"]) == {"dense"}
