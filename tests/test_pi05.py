@@ -24,7 +24,7 @@ TINY = ["model.family=pi05", "model.vocab_size=256", "model.d_model=32", "model.
         "model.vision.n_heads=2", "model.vision.d_ff=32", "model.action.horizon=2", "model.action.prompt_len=64",
         "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
         "model.action.cameras=2", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=64",
-        f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=8",
+        f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=8", "data.norm_state=quantiles",
         "zero.min_shard_size=64", "train.steps=2", "train.log_every=1", "train.eval_every=0",
         "train.sample_tokens=0", "train.ckpt_every=0", "optim.warmup_steps=0", "model.remat=none"]
 
@@ -79,6 +79,10 @@ def test_the_batch_reads_the_state_into_the_prompt():
         task = bytes(raw["tokens"][row][raw["token_mask"][row]].tolist()).decode()
         assert text == pi05_batch.prompt_text(task, raw["observation.state"][row])
         assert text.startswith(f"Task: {task.strip()}, State: ") and text.endswith(";\nAction: ")
+        # the bins, independently: bin i holds [-1 + i/128, -1 + (i+1)/128), below -1 is -1, the last open
+        state = raw["observation.state"][row].astype(np.float64)
+        bins = np.clip(np.floor((state + 1) * 128), -1, 255).astype(int)
+        assert text.split("State: ")[1].split(";")[0] == " ".join(map(str, bins))
 
 
 @pytest.fixture(scope="module")
