@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from zerojax.errors import ConfigError
 from zerojax.models import pi0_batch
 from zerojax.models.family import ACTION, CAMERA, STATE, Field, PolicyAdapter
 
@@ -103,12 +102,10 @@ def observation_batch(raw: dict, cameras: list[str], slots: int, length: int, to
     return {**out, **prompts(raw, length, tokenizer)}
 
 
-def observation(raw: dict, cameras: list[str], model: dict) -> dict:
-    """The adapter's `observation` (`zerojax serve`, `rollout`): not yet. The prompt must be
-    re-tokenized with the run's tokenizer, which `PolicyAdapter.observation` is not given; rather
-    than guess it (a wrong prompt would give wrong actions without an error), refuse."""
-    raise ConfigError("model.family=pi05 cannot be served yet: its prompt holds the state and must be "
-                      "tokenized with the run's tokenizer, which zerojax serve does not hand the policy's adapter")
+def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> dict:
+    """The adapter's `observation` (`zerojax serve`, `rollout`): the prompt re-written with the
+    state, in the tokenizer the served run's tokens were made with."""
+    return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["prompt_len"], tokenizer)
 
 
 ADAPTER = PolicyAdapter(check=pi0_batch.check, rows=rows, observation=observation, chunk=pi0_batch.chunk)
