@@ -98,3 +98,28 @@ def test_stage_3_on_8_devices_gives_one_devices_losses(one_device, tmp_path):
     assert {"time_mlp_in", "time_mlp_out", "action_in_proj"} <= set(params) and "state_proj" not in params
     # the adaRMS projections are the joint layer's: gathered with it
     assert set(params["layers"]["expert"]["input_layernorm"]) == {"dense"}
+
+
+def test_serve_builds_the_batch_training_builds(tmp_path):
+    """`zerojax serve`'s batch of a frame (the state put in the prompt by the same adapter, with the
+    run's tokenizer) equals the training row of that frame."""
+    from zerojax import cli, config
+    from zerojax.data import sources
+    from zerojax.serve import policy
+
+    overrides = TINY + ["train.steps=1", "train.ckpt_every=1", "train.report=false", "mesh.data=1", "zero.stage=0",
+                        "zero.schedule=gspmd"]
+    assert cli.main(["train", "--no-progress", *overrides, f"train.out_dir={tmp_path / 'run'}"]) == 0
+    served = policy.load(tmp_path / "run", num_steps=2)
+    src = sources.open_source(config.load(overrides=overrides))
+    ds, batch = src.source.dataset, src.rows(0, 0, slice(None))
+    for row, index in enumerate(src.source.frames_of(0, 0)[:3]):
+        numbers = ds.numbers(int(index), 2)
+        obs = {"observation.state": numbers["observation.state"].astype(np.float64), "prompt": numbers["task"],
+               **{c: ds.image(c, int(index), src.source.video) for c in src.cameras}}
+        got = served.batch(obs)
+        assert set(got) == {"images", "image_masks", "tokens", "token_mask"}
+        for key in ("tokens", "token_mask", "image_masks"):
+            np.testing.assert_array_equal(got[key][0], batch[key][row])
+        np.testing.assert_allclose(got["images"][0], batch["images"][row], atol=1e-6)
+        assert served.actions(got, served.noise(0)).shape == (2, 2)
