@@ -123,3 +123,22 @@ def test_serve_builds_the_batch_training_builds(tmp_path):
             np.testing.assert_array_equal(got[key][0], batch[key][row])
         np.testing.assert_allclose(got["images"][0], batch["images"][row], atol=1e-6)
         assert served.actions(got, served.noise(0)).shape == (2, 2)
+
+
+def test_each_joint_layer_with_its_adaptive_norms_is_gathered_once_per_pass():
+    """Stage 3's HLO: the joint layers' loops (3 layers; the tower has 1) gather one unit per
+    iteration forward and backward and reduce-scatter one backward: the adaRMS projections travel
+    with their joint layer, not apart from it."""
+    from zerojax import config
+    from zerojax.analysis import hlo, measure
+
+    cfg = config.load(overrides=TINY + ["model.n_layers=3", "zero.stage=3", "zero.schedule=shard_map",
+                                        "zero.prefetch=0"])
+    engine, compiled = measure.compile_step(cfg, measured_only=True)
+    assert {"input_layernorm", "post_attention_layernorm"} <= set(engine.plan.leaves["layers"]["expert"])
+    loops = [x for x in hlo.loop_collectives(compiled.as_text(), 8) if x["per_iteration"]["all-gather"]]
+    joint = sorted((x for x in loops if x["trip_count"] == 3), key=lambda x: x["per_iteration"]["reduce-scatter"])
+    assert len(joint) == 2, loops  # the forward's loop and the backward's
+    forward, backward = joint
+    assert forward["per_iteration"]["all-gather"] == backward["per_iteration"]["all-gather"] == 1
+    assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
