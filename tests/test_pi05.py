@@ -24,7 +24,7 @@ TINY = ["model.family=pi05", "model.vocab_size=256", "model.d_model=32", "model.
         "model.vision.n_heads=2", "model.vision.d_ff=32", "model.action.horizon=2", "model.action.prompt_len=64",
         "model.action.max_state_dim=8", "model.action.max_action_dim=4", "model.action.action_dim=2",
         "model.action.cameras=2", "data.image_size=8", "data.action_horizon=2", "data.prompt_len=64",
-        f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=8", "data.norm_state=quantiles",
+        f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=16", "data.norm_state=quantiles",
         "zero.min_shard_size=64", "train.steps=2", "train.log_every=1", "train.eval_every=0",
         "train.sample_tokens=0", "train.ckpt_every=0", "optim.warmup_steps=0", "model.remat=none"]
 
@@ -91,8 +91,10 @@ def one_device(tmp_path_factory):
                        f"train.out_dir={tmp_path_factory.mktemp('one')}"])[0]
 
 
-def test_stage_3_on_8_devices_gives_one_devices_losses(one_device, tmp_path):
-    losses, result = run(TINY + ["zero.stage=3", f"train.out_dir={tmp_path}"])
+@pytest.mark.parametrize("extra", [["zero.stage=3"], ["zero.stage=3", "train.grad_accum=2", "optim.ema=0.99"]],
+                         ids=lambda e: " ".join(e))
+def test_stage_3_on_8_devices_gives_one_devices_losses(extra, one_device, tmp_path):
+    losses, result = run(TINY + extra + [f"train.out_dir={tmp_path}"])
     np.testing.assert_allclose(losses, one_device, rtol=1e-5)
     params = result.state.params
     assert {"time_mlp_in", "time_mlp_out", "action_in_proj"} <= set(params) and "state_proj" not in params
