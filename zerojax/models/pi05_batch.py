@@ -15,7 +15,11 @@ model.action.prompt_len (LeRobot's tokenizer_max_length, 200) and padded with 0 
 The dataset's features carry the task as the data layer tokenized it (the task and "\\n",
 `data.lerobot.prompt`); the adapter reads the text back with the same tokenizer and writes
 π0.5's prompt in its place, so the state is normalized in one place (`data.lerobot`, with the
-run's data.norm_state). No jax here.
+run's data.norm_state), for training (`PolicyRows`) and `zerojax serve` / `rollout`
+(`observation`, handed the run's tokenizer) alike. The round trip is exact for bytes and for a
+tokenizer that decodes plain text back (PaliGemma's SentencePiece, byte fallback); a word-level
+tokenizer loses a word it maps to <unk> (LeRobot cleans "red_cube" to "red cube" before
+tokenizing; here the data layer has tokenized it first). No jax here.
 """
 
 from __future__ import annotations
