@@ -118,8 +118,9 @@ class PolicyAdapter:
     # (the features' source, cfg) -> the source of the family's batch (the same rows, stacked and padded)
     rows: Callable[[Any, Any], Any]
     # (stacked observation features, batch first; the cameras in order; the run's model section as
-    # a dict) -> the observation part of the family's batch: what `sample_actions` reads
-    observation: Callable[[dict, list, dict], dict]
+    # a dict; the tokenizer the prompt's tokens were made with, None: bytes) -> the observation
+    # part of the family's batch: what `sample_actions` reads
+    observation: Callable[[dict, list, dict, Any], dict]
     # the run's model section (a dict) -> (horizon, width) of the noise `sample_actions` integrates
     chunk: Callable[[dict], tuple[int, int]]
 

@@ -43,11 +43,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, protocol, siglip
-from zerojax.models.vla import time_embedding
+from zerojax.models.vla import linear as _linear, time_embedding
 from zerojax.models.family import POLICY, Family
 from zerojax.models.llama import MLP, _dense, rope
 from zerojax.precision import Policy
@@ -138,14 +139,18 @@ class JointLayer(nnx.Module):
 
     def __call__(self, x: dict) -> dict:
         prefix, suffix = x["prefix"], x["suffix"]
+        out = self.joint(x, self.vlm.qkv(prefix), self.expert.qkv(suffix))
         P = prefix.shape[1]
+        return {**x, "prefix": self.vlm.finish(prefix, out[:, :P]), "suffix": self.expert.finish(suffix, out[:, P:])}
+
+    def joint(self, x: dict, vlm_qkv, expert_qkv) -> jax.Array:
+        """The one attention of both streams' queries, keys and values, [B, P+S, Q, K]."""
+        (qp, kp, vp), (qs, ks, vs) = vlm_qkv, expert_qkv
         positions_BL = jnp.cumsum(x["pad"].astype(jnp.int32), axis=1) - 1
-        (qp, kp, vp), (qs, ks, vs) = self.vlm.qkv(prefix), self.expert.qkv(suffix)
         q = rope(jnp.concatenate([qp, qs.astype(qp.dtype)], axis=1), self.theta, positions_BL)
         k = rope(jnp.concatenate([kp, ks.astype(kp.dtype)], axis=1), self.theta, positions_BL)
         v = jnp.concatenate([vp, vs.astype(vp.dtype)], axis=1)
-        out = attend(q, k, v, attention.blocks(x["pad"], x["ar"]), self.spec)
-        return {**x, "prefix": self.vlm.finish(prefix, out[:, :P]), "suffix": self.expert.finish(suffix, out[:, P:])}
+        return attend(q, k, v, attention.blocks(x["pad"], x["ar"]), self.spec)
 
     def prefix_kv(self, prefix: jax.Array, positions_BP: jax.Array, mask: attention.Mask):
         """The prefix alone through the VLM's half (sampling): its output and its keys and values."""
@@ -153,26 +158,25 @@ class JointLayer(nnx.Module):
         q, k = rope(q, self.theta, positions_BP), rope(k, self.theta, positions_BP)
         return self.vlm.finish(prefix, attend(q, k, v, mask, self.spec)), (k, v)
 
-    def suffix_step(self, suffix: jax.Array, kv, positions_BS: jax.Array, mask: attention.Mask):
-        """The suffix through the expert's half, attending to the cached prefix and to itself."""
-        q, k, v = self.expert.qkv(suffix)
+    def suffix_step(self, x: dict, kv, positions_BS: jax.Array, mask: attention.Mask) -> dict:
+        """The suffix ({"suffix": [B, S, W]}) through the expert's half, attending to the cached
+        prefix and to itself."""
+        suffix = x["suffix"]
+        return {**x, "suffix": self.expert.finish(suffix, self.cached(self.expert.qkv(suffix), kv, positions_BS, mask))}
+
+    def cached(self, qkv, kv, positions_BS: jax.Array, mask: attention.Mask) -> jax.Array:
+        """The suffix's queries over the cached prefix's keys and values and its own."""
+        q, k, v = qkv
         q, k = rope(q, self.theta, positions_BS), rope(k, self.theta, positions_BS)
         k = jnp.concatenate([kv[0], k.astype(kv[0].dtype)], axis=1)
         v = jnp.concatenate([kv[1], v.astype(kv[1].dtype)], axis=1)
-        return self.expert.finish(suffix, attend(q, k, v, mask, self.spec))
-
-
-def _linear(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
-    """torch.nn.Linear's layout and initialisation (uniform in ±1/sqrt(d_in)), with a bias."""
-    bound = 1 / math.sqrt(d_in)
-    init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
-    return nnx.Linear(d_in, d_out, dtype=policy.compute, param_dtype=policy.param, kernel_init=init,
-                      bias_init=init, rngs=rngs)
+        return attend(q, k, v, mask, self.spec)
 
 
 class Pi0(nnx.Module):
     STACKED = ("vision", "layers")
     COMPONENTS = COMPONENTS
+    LAYER = JointLayer  # the joint layer's class (π0.5's has adaptive norms)
 
     def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs,
                  spec: attention.Spec = attention.Spec()):
@@ -189,10 +193,14 @@ class Pi0(nnx.Module):
         @nnx.split_rngs(splits=s.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> JointLayer:
-            return JointLayer(s, policy, rngs, spec)
+            return type(self).LAYER(s, policy, rngs, spec)
 
         self.layers = make_layers(rngs)
         self.norm = gemma.RMSNorm(s.d_model, s.norm_eps, policy)  # the VLM's final norm (its output is unused)
+        self.init_heads(s, policy, rngs)
+
+    def init_heads(self, s: Shape, policy: Policy, rngs: nnx.Rngs) -> None:
+        """The expert's final norm and the action heads (`ACTION`)."""
         self.expert_norm = gemma.RMSNorm(s.expert_d_model, s.norm_eps, policy)
         W = s.expert_d_model
         self.state_proj = _linear(s.max_state_dim, W, policy, rngs)
@@ -218,7 +226,7 @@ class Pi0(nnx.Module):
         return {"prefix": prefix, "suffix": suffix, "pad": pad, "ar": ar}
 
     def exit(self, x: dict, batch: dict):
-        losses_BHA = self.losses(x["suffix"], batch)
+        losses_BHA = self.losses(x, batch)
         keep_BHA = self.loss_mask(batch, losses_BHA.shape)
         count = keep_BHA.sum()
         return (losses_BHA * keep_BHA).sum() / jnp.maximum(count, 1.0), count
@@ -264,14 +272,15 @@ class Pi0(nnx.Module):
         t = batch["time"][:, None, None]
         return t * batch["noise"] + (1 - t) * batch["actions"]
 
-    def velocity(self, suffix_out: jax.Array) -> jax.Array:
-        out = self.expert_norm(suffix_out)[:, -self.shape.horizon:]
+    def velocity(self, x: dict) -> jax.Array:
+        """v_t [B, H, max_action_dim] fp32 from the last joint layer's output (its "suffix")."""
+        out = self.expert_norm(x["suffix"])[:, -self.shape.horizon:]
         return self.action_out_proj(out.astype(jnp.float32)).astype(jnp.float32)
 
-    def losses(self, suffix_out: jax.Array, batch: dict) -> jax.Array:
+    def losses(self, x: dict, batch: dict) -> jax.Array:
         """LeRobot's unreduced flow-matching losses (u_t - v_t)^2, [B, H, max_action_dim]."""
         u_t = batch["noise"] - batch["actions"]
-        return jnp.square(u_t.astype(jnp.float32) - self.velocity(suffix_out))
+        return jnp.square(u_t.astype(jnp.float32) - self.velocity(x))
 
     def loss_mask(self, batch: dict, shape) -> jax.Array:
         """1 on the real action dimensions of the steps inside the episode, else 0 (fp32)."""
@@ -286,7 +295,7 @@ class Pi0(nnx.Module):
         batch = {**batch, "noise": noise, "time": time}
         x = protocol.apply_stack(self.vision, self.enter(batch))
         x = protocol.apply_stack(self.layers, self.between("layers", x, batch))
-        return self.losses(x["suffix"], batch)
+        return self.losses(x, batch)
 
     def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int = 10) -> jax.Array:
         """Actions [B, H, max_action_dim] (normalized space): Euler steps from t = 1 to 0 of the
@@ -302,7 +311,7 @@ class Pi0(nnx.Module):
             return h, kv
 
         _, cache = jax.lax.scan(prefix_layer, prefix, stacked)  # per layer: keys and values [B, P, G, K]
-        S = 1 + self.shape.horizon
+        S = len(self.suffix_ar())
         suffix_pad = jnp.ones((B, S), bool)
         suffix_group = jnp.broadcast_to(jnp.cumsum(jnp.asarray(self.suffix_ar(), jnp.int32)), (B, S))  # from 1
         # the suffix sees the real prefix (group 0) and itself as make_att_2d_masks would
@@ -311,27 +320,33 @@ class Pi0(nnx.Module):
         positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.cumsum(suffix_pad.astype(jnp.int32), axis=1) - 1
 
         def velocity(x_t, time):
-            suffix = self.embed_suffix(batch["state"], x_t, jnp.broadcast_to(time, (B,)))
-
             def suffix_layer(h, xs):
                 layer, kv = xs
                 return nnx.merge(graphdef, layer).suffix_step(h, kv, positions, mask), None
 
-            out, _ = jax.lax.scan(suffix_layer, suffix, (stacked, cache))
+            out, _ = jax.lax.scan(suffix_layer, self.suffix_of(batch, x_t, jnp.broadcast_to(time, (B,))),
+                                  (stacked, cache))
             return self.velocity(out)
 
-        # LeRobot's loop: time and dt in fp32, `while time >= -dt / 2`, x_t += dt * v_t
         dt = jnp.float32(-1.0 / num_steps)
-        x_t, time = noise.astype(jnp.float32), jnp.float32(1.0)
-        for _ in range(num_steps):
-            x_t = x_t + dt * velocity(x_t, time)
-            time = time + dt
+        x_t = noise.astype(jnp.float32)
+        for time in self.euler_times(num_steps):
+            x_t = x_t + dt * velocity(x_t, jnp.float32(time))
         return x_t
+
+    def suffix_of(self, batch: dict, x_t: jax.Array, time_B: jax.Array) -> dict:
+        """What the suffix layers carry while sampling: {"suffix": [B, S, W]}."""
+        return {"suffix": self.embed_suffix(batch["state"], x_t, time_B)}
+
+    @staticmethod
+    def euler_times(num_steps: int) -> np.ndarray:
+        """LeRobot 0.3.3's (and openpi's) loop: t from 1, `t += dt` in fp32 while t >= -dt / 2."""
+        return np.cumsum([np.float32(1.0)] + [np.float32(-1.0 / num_steps)] * (num_steps - 1), dtype=np.float32)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the joint sequence (prefix + suffix): `flops_per_row`
         divided by the row's P + S tokens (seq_len is not a π0 length: unused)."""
-        return self.flops_per_row() / (self.prefix_len + 1 + self.shape.horizon)
+        return self.flops_per_row() / (self.prefix_len + len(self.suffix_ar()))
 
     @property
     def prefix_len(self) -> int:
@@ -345,10 +360,11 @@ class Pi0(nnx.Module):
         (12·L·(P+S)·Q·K per token)."""
         params = nnx.to_pure_dict(nnx.state(self, nnx.Param))
         size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
-        s, P, S = self.shape, self.prefix_len, 1 + self.shape.horizon
+        s, P, S = self.shape, self.prefix_len, len(self.suffix_ar())
         tower = sum(size(params[k]) for k in TOWER)
         vlm = size(params["layers"]["vlm"]) + size(params["multi_modal_projector"])
-        expert = size(params["layers"]["expert"]) + sum(size(params[k]) for k in ("expert_norm", *ACTION))
+        heads = ("expert_norm", *self.COMPONENTS["action"])
+        expert = size(params["layers"]["expert"]) + sum(size(params[k]) for k in heads)
         return (s.cameras * siglip.flops_per_image(tower, self.vision_shape) + 6 * vlm * P + 6 * expert * S
                 + 12 * s.n_layers * (P + S) ** 2 * s.n_heads * s.head_dim)
 

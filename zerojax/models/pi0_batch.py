@@ -134,8 +134,9 @@ def observation_batch(raw: dict, cameras: list[str], slots: int, max_state_dim: 
             "state": pad_last(raw[STATE], max_state_dim)}
 
 
-def observation(raw: dict, cameras: list[str], model: dict) -> dict:
-    """The adapter's `observation`, for `zerojax serve`: `model` is the run's model section."""
+def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> dict:
+    """The adapter's `observation`, for `zerojax serve`: `model` is the run's model section (π0
+    reads the prompt's tokens as they are: `tokenizer` is unused)."""
     return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["max_state_dim"])
 
 

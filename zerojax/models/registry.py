@@ -18,7 +18,8 @@ from zerojax.errors import ConfigError
 from zerojax.models.family import POLICY, VISION_LANGUAGE
 
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
-            "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0"}  # model.family -> module
+            "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0",
+            "pi05": "zerojax.models.pi05"}  # model.family -> module
 DEFAULT = next(iter(FAMILIES))  # model.family's default: the first (GPT-2, the course's model)
 # model.<section> keys a family declares beyond the shared ones: section -> its dataclass, in a
 # module of the family's with no jax (the config imports it)

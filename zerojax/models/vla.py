@@ -1,6 +1,6 @@
 """Pieces the vision-language-action families share (π0's, and the ones built like it, as
 openpi's and LeRobot's are): big_vision's prefix/suffix attention mask, and the sine-cosine
-embedding of the flow's time.
+embedding of the flow's time, torch.nn.Linear's initialisation.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+
+from zerojax.precision import Policy
 
 
 def make_att_2d_masks(pad_BL: jax.Array, ar_BL: jax.Array) -> jax.Array:
@@ -39,3 +42,11 @@ def time_embedding(time_B: jax.Array, width: int, min_period: float = 4e-3, max_
     sin = jnp.sin(a) * jnp.cos(b) + jnp.cos(a) * jnp.sin(b)
     cos = jnp.cos(a) * jnp.cos(b) - jnp.sin(a) * jnp.sin(b)
     return jnp.concatenate([sin, cos], axis=1)
+
+
+def linear(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs) -> nnx.Linear:
+    """torch.nn.Linear's layout and initialisation (uniform in ±1/sqrt(d_in)), with a bias."""
+    bound = 1 / math.sqrt(d_in)
+    init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)  # noqa: E731
+    return nnx.Linear(d_in, d_out, dtype=policy.compute, param_dtype=policy.param, kernel_init=init,
+                      bias_init=init, rngs=rngs)

@@ -106,7 +106,8 @@ class ServedPolicy:
         raw = self.check(obs)
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
                                   self.prompt_len, self.tokenizer, self.pad_before)
-        return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys)
+        return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
+                                        self.tokenizer)
 
     def noise(self, request: int) -> jax.Array:
         """The noise of request number `request` (module docstring): [1, *chunk]."""

@@ -1,0 +1,73 @@
+"""π0.5's LeRobot checkpoint layout (`PI05Policy.save_pretrained`: config.json with "type":
+"pi05", model.safetensors), as LeRobot 0.6.1 with transformers 5 writes it: the tensor table, the
+model keys config.json and the tensors' shapes imply, and config.json for an export.
+
+Beside π0's (`pi0_lerobot`): the expert's norms are adaptive (`…layernorm.dense.{weight,bias}`,
+no `weight` of their own), the heads are `action_in_proj`, `action_out_proj`, `time_mlp_in`,
+`time_mlp_out`, and the prompt's embedding is `language_model.embed_tokens` (LeRobot 0.6 saves
+`lm_head` untied beside it and reads only `embed_tokens`).
+"""
+
+from __future__ import annotations
+
+from zerojax.models import pi0_lerobot, siglip
+from zerojax.models.family import LeRobotLayout, Tensor
+from zerojax.models.pi0_lerobot import EXPERT_LAYER, ROOT, VLM, VLM_LAYER
+
+EMBED = VLM + "language_model.embed_tokens.weight"
+HEADS = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
+
+
+def _dense(path: str, name: str) -> dict:
+    """An adaptive norm's dense layer W -> 3W (torch's [out, in] weight)."""
+    return {f"{path}/dense/kernel": Tensor(name + ".dense.weight", True),
+            f"{path}/dense/bias": Tensor(name + ".dense.bias")}
+
+
+def _expert_tensors() -> dict:
+    out = {k: v for k, v in pi0_lerobot._stream_tensors("expert", EXPERT_LAYER).items() if not k.endswith("/scale")}
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        out.update(_dense(f"layers/expert/{norm}", EXPERT_LAYER + norm))
+    return out
+
+
+LEROBOT_TENSORS = {
+    **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
+    "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
+    "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
+    "embed_tokens/embedding": Tensor(EMBED),
+    "norm/scale": Tensor(VLM + "language_model.norm.weight"),
+    **_dense("expert_norm", ROOT + "gemma_expert.model.norm"),
+    **pi0_lerobot._stream_tensors("vlm", VLM_LAYER),
+    **_expert_tensors(),
+    **{f"{p}/{leaf}": Tensor(f"model.{p}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel")
+       for p in HEADS for leaf in ("kernel", "bias")},
+}
+
+
+def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> dict:
+    """The model.* keys of a LeRobot π0.5 checkpoint: π0's rules (`pi0_lerobot.lerobot_model_keys`)
+    on its tensors' shapes, the expert's width read from its adaptive norm's dense layer [3W, W]
+    and the vocabulary from `embed_tokens`."""
+    shapes = dict(shapes)
+    dense = EXPERT_LAYER.format(i=0) + "input_layernorm.dense.weight"
+    if dense in shapes:
+        shapes[EXPERT_LAYER.format(i=0) + "input_layernorm.weight"] = (shapes[dense][1],)
+    if EMBED in shapes:
+        shapes[ROOT + "paligemma.lm_head.weight"] = shapes[EMBED]
+    return {**pi0_lerobot.lerobot_model_keys(config, shapes, where, given), "family": "pi05"}
+
+
+def to_lerobot_config(model: dict, base: dict) -> dict:
+    """A LeRobot 0.6 PI05Config's config.json for a run's model section: `base` (the config.json
+    the run started from, or {}) with the keys the model fixes set from it."""
+    a, S = model["action"], model["vision"]["image_size"]
+    out = {"type": "pi05", "n_obs_steps": 1, **base}
+    out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
+               max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
+               tokenizer_max_length=a["prompt_len"], image_resolution=[S, S])
+    return out
+
+
+LEROBOT = LeRobotLayout(type="pi05", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
+                        to_config=to_lerobot_config)
