@@ -111,9 +111,10 @@ def test_a_rollout_of_a_tiny_pi0_counts_its_episodes_and_repeats_with_its_seed(r
     argv = [str(run_dir), "--env", f"metaworld:{TASK},drawer-close-v3", "--episodes", "2", "--max-steps", "6",
             "--n-action-steps", "3", "--num-steps", "2"]
     doc = rollout_json([*argv, "--video", str(tmp_path / "videos"), "--videos", "1"], capsys)
-    assert set(doc) == {"tasks", "mean_success_rate"} and set(doc["tasks"]) == {TASK, "drawer-close-v3"}
+    assert set(doc) == {"tasks", "mean_success_rate", "seam_jump", "inner_jump"}
+    assert set(doc["tasks"]) == {TASK, "drawer-close-v3"} and doc["seam_jump"] >= 0 and doc["inner_jump"] >= 0
     for r in doc["tasks"].values():
-        assert set(r) == {"episodes", "successes", "success_rate"} and r["episodes"] == 2
+        assert set(r) == {"episodes", "successes", "success_rate", "seam_jump", "inner_jump"} and r["episodes"] == 2
         assert 0 <= r["successes"] <= 2 and r["success_rate"] == r["successes"] / 2
     assert doc["mean_success_rate"] == np.mean([r["success_rate"] for r in doc["tasks"].values()])
     assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["drawer-close-v3-0.mp4", f"{TASK}-0.mp4"]
@@ -147,13 +148,16 @@ def test_the_same_seed_gives_the_same_episodes_and_another_seed_others(run_dir):
 
 def test_the_scripted_expert_succeeds_through_the_same_loop(metaworld, capsys):
     doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "2"], capsys)
-    assert doc == {"tasks": {TASK: {"episodes": 2, "successes": 2, "success_rate": 1.0}}, "mean_success_rate": 1.0}
+    r = doc["tasks"][TASK]
+    assert (r["episodes"], r["successes"], r["success_rate"], doc["mean_success_rate"]) == (2, 2, 1.0, 1.0)
+    assert r["inner_jump"] is None and r["seam_jump"] > 0  # one action a chunk: every step is a seam
 
 
 def test_the_expert_fails_where_its_episodes_are_cut_short(metaworld, capsys):
     doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "1", "--max-steps", "3"],
                        capsys)
-    assert doc["tasks"][TASK] == {"episodes": 1, "successes": 0, "success_rate": 0.0}
+    assert {k: doc["tasks"][TASK][k] for k in ("episodes", "successes", "success_rate")} == \
+        {"episodes": 1, "successes": 0, "success_rate": 0.0}
 
 
 # -- bad input: one line, exit 2 ------------------------------------------------------------------

@@ -120,7 +120,8 @@ def test_serve_builds_the_batch_training_builds(tmp_path):
         obs = {"observation.state": numbers["observation.state"].astype(np.float64), "prompt": numbers["task"],
                **{c: ds.image(c, int(index), src.source.video) for c in src.cameras}}
         got = served.batch(obs)
-        assert set(got) == {"images", "image_masks", "tokens", "token_mask"}
+        assert set(got) == {"images", "image_masks", "tokens", "token_mask", "rtc_leftover", "rtc_weights"}
+        assert not got["rtc_weights"].any()  # no leftover sent: real-time chunking weighs nothing
         for key in ("tokens", "token_mask", "image_masks"):
             np.testing.assert_array_equal(got[key][0], batch[key][row])
         np.testing.assert_allclose(got["images"][0], batch["images"][row], atol=1e-6)

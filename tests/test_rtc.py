@@ -64,3 +64,106 @@ def test_a_row_without_a_leftover_samples_as_without_rtc():
     for jacobian in (False, True):
         np.testing.assert_array_equal(np.asarray(rtc.guided(denoiser, x, 0.5, guide._replace(jacobian=jacobian))),
                                       np.asarray(denoiser(x)))
+
+
+# -- the rollout loop's timing: what is executed when, and what a request carries ---------------------
+
+class Line:
+    """A stand-in environment: the state is the step count; it records the actions it is given."""
+
+    max_steps = 12
+
+    def __init__(self):
+        self.done = []
+
+    def reset(self, seed):
+        self.t = 0
+        return {"observation.state": np.array([0.0])}
+
+    def image(self):
+        return None
+
+    def step(self, action):
+        self.done.append(float(action[0]))
+        self.t += 1
+        return {"observation.state": np.array([float(self.t)])}, False
+
+
+def test_a_delay_keeps_the_committed_actions_and_rtc_sends_them_with_the_request():
+    from zerojax.sim import rollout
+
+    asked = []
+
+    def policy(obs, request, env, leftover=None, delay=0):
+        asked.append((request, float(obs["observation.state"][0]), None if leftover is None else leftover[:, 0].tolist(),
+                      delay))
+        return np.array([[100 * (request % 10) + k] for k in range(6)], np.float32)  # chunk r: 100r + k
+
+    policy.reads_camera = False
+    env = Line()
+    ep = rollout.episode(env, policy, 0, 0, rollout.Chunking(n_action_steps=3, delay=2, rtc=True), None, 12)
+    # chunk 0 from step 0: actions 0-2; chunk 1 asked at step 3, while 3 and 4 of chunk 0 run; then chunk 1
+    # from its action 2 (step 5), and so on: each chunk runs 3 steps from its request
+    assert env.done == [0, 1, 2, 3, 4, 102, 103, 104, 202, 203, 204, 302]
+    assert asked[:3] == [(0, 0.0, None, 0), (1, 3.0, [3.0, 4.0, 5.0], 2), (2, 6.0, [103.0, 104.0, 105.0], 2)]
+    assert ep.seams == [5, 8, 11] and ep.steps == 12
+    seams, inner = ep.jumps()
+    assert seams == [98.0] * 3 and set(inner) == {1.0}
+    asked.clear()
+    env = Line()
+    rollout.episode(env, policy, 0, 0, rollout.Chunking(n_action_steps=4), None, 12)  # no delay, no RTC: as before
+    assert env.done == [0, 1, 2, 3, 100, 101, 102, 103, 200, 201, 202, 203]
+    assert [a[2] for a in asked] == [None, None, None]
+
+
+# -- a policy's sampling under a guide, and `zerojax serve`'s requests that carry one ---------------
+
+@pytest.fixture(scope="module")
+def lerobot_pi0():
+    from zerojax.serve import policy
+
+    lerobot = Path(__file__).parent / "fixtures" / "lerobot"
+    return policy.load(lerobot / "pi0", num_steps=10, tokenizer=str(lerobot / "pi0_tokenizer.json"), vision_heads=2)
+
+
+def robot_observation(served, seed=0):
+    rng = np.random.default_rng(seed)
+    obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
+    obs.update({c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
+    return obs
+
+
+def test_a_request_with_committed_actions_gets_a_chunk_that_keeps_them(lerobot_pi0):
+    served, obs = lerobot_pi0, robot_observation(lerobot_pi0)
+    plain = served.infer(obs, 3)["actions"]
+    previous = served.infer(obs, 4)["actions"]  # another chunk: what the robot is executing
+    leftover = previous[2:]  # two of its actions already done when the request leaves
+    guided = served.infer({**obs, "prev_actions": leftover, "inference_delay": 2}, 3)["actions"]
+    # the first two actions (executed while this request is served) follow the committed ones
+    far, near = np.abs(plain[:2] - leftover[:2]).mean(), np.abs(guided[:2] - leftover[:2]).mean()
+    assert near < 0.25 * far, (near, far)
+    # with no leftover the guide weighs nothing: the chunk is the plain one
+    np.testing.assert_allclose(served.infer(obs, 3)["actions"], plain, rtol=0, atol=0)
+
+
+BAD_RTC = {  # (what the request adds, for actions of width w; what the error says)
+    "a delay alone": (lambda w: {"inference_delay": 2}, "'inference_delay' goes with 'prev_actions'"),
+    "the wrong width": (lambda w: {"prev_actions": np.zeros((3, w + 2), np.float32)},
+                        "'prev_actions' must be the previous chunk's unexecuted actions"),
+    "a delay past them": (lambda w: {"prev_actions": np.zeros((3, w)), "inference_delay": 4},
+                          "'inference_delay' must be an int from 0 to the 3"),
+    "a NaN": (lambda w: {"prev_actions": np.full((1, w), np.nan)}, "'prev_actions' holds a NaN"),
+    "a float delay": (lambda w: {"prev_actions": np.zeros((1, w)), "inference_delay": 1.5},
+                      "'inference_delay' must be an int"),
+    "ragged": (lambda w: {"prev_actions": [[0.0] * w, [0.0]]}, "'prev_actions' is not an array of numbers"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_RTC)
+def test_a_bad_rtc_request_is_an_observation_error(lerobot_pi0, case):
+    from zerojax.serve import policy
+
+    make, message = BAD_RTC[case]
+    with pytest.raises(policy.ObservationError) as err:
+        lerobot_pi0.infer({**robot_observation(lerobot_pi0), **make(lerobot_pi0.action_dim)}, 0)
+    assert message in str(err.value), str(err.value)

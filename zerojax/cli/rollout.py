@@ -28,6 +28,10 @@ def arguments(rollout: Parser) -> None:
                          "expert: Meta-World's scripted expert, through the same loop")
     rollout.add_argument("--n-action-steps", type=positive_int, metavar="N", help="actions executed from each chunk "
                          "before the next is sampled (LeRobot's n_action_steps; default: the chunk's length)")
+    rollout.add_argument("--delay", type=int, default=0, metavar="D", help="a simulated inference time of D control "
+                         "steps: the robot goes on with the current chunk's next D actions meanwhile (default 0)")
+    rollout.add_argument("--rtc", action="store_true", help="real-time chunking: each request carries the actions "
+                         "not yet executed and the delay, and the new chunk is inpainted to agree with them")
     rollout.add_argument("--num-steps", type=positive_int, default=10, metavar="N",
                          help="Euler steps of the flow from noise to actions (default 10, as π0's)")
     rollout.add_argument("--max-steps", type=positive_int, metavar="N", help="cut episodes at N steps (default: the "
@@ -52,10 +56,12 @@ def run(args) -> int:
     tasks = [t for t in names.split(",") if t]
     metaworld.check_tasks(tasks)
     policy, size, n_action_steps, where = _policy(args)
+    chunking = rollout.Chunking(n_action_steps, args.delay, args.rtc)
     print(f"zerojax: rollout of {where} on {', '.join(tasks)}: {args.episodes} episodes each from seed {args.seed}, "
-          f"{n_action_steps} actions a chunk", file=sys.stderr)
+          f"{n_action_steps} actions a chunk" + (f", an inference delay of {args.delay} steps" if args.delay else "")
+          + (", real-time chunking" if args.rtc else ""), file=sys.stderr)
     start = time.perf_counter()
-    results = rollout.run(policy, tasks, args.episodes, args.seed, n_action_steps, size, video_dir, args.videos,
+    results = rollout.run(policy, tasks, args.episodes, args.seed, chunking, size, video_dir, args.videos,
                           args.max_steps, progress=not args.no_progress)
     doc = rollout.summary(results)
     print(f"zerojax: {len(tasks) * args.episodes} episodes in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -73,6 +79,9 @@ def _check(args) -> tuple[str, Path | None]:
     if (args.policy == "run") != (args.run_dir is not None):
         raise UsageError("give RUN_DIR (a π0 run) or --policy expert, not both" if args.run_dir else
                          "give RUN_DIR (a π0 run), or --policy expert for Meta-World's scripted expert")
+    if args.delay < 0 or (args.policy == "expert" and (args.delay or args.rtc)):
+        raise UsageError(f"--delay {args.delay} must be >= 0" if args.delay < 0 else
+                         "--delay and --rtc are for a run's chunks; the expert acts one step at a time")
     video_dir = Path(args.video) if args.video else None
     if video_dir is not None and video_dir.exists() and not video_dir.is_dir():
         raise UsageError(f"--video {args.video!r}: not a directory")
@@ -89,13 +98,16 @@ def _policy(args):
 
     served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
     size = metaworld.check_features(served.features, served.where)
-    n_action_steps = args.n_action_steps or served.horizon
-    if n_action_steps > served.horizon:
-        raise UsageError(f"--n-action-steps {n_action_steps}: the run's chunks hold {served.horizon} "
-                         "actions (model.action.horizon)")
+    n_action_steps = args.n_action_steps or served.horizon - args.delay
+    if n_action_steps + args.delay > served.horizon:
+        raise UsageError(f"--n-action-steps {n_action_steps} and --delay {args.delay}: the run's chunks hold "
+                         f"{served.horizon} actions (model.action.horizon), fewer than the two together")
 
-    def policy(obs, request, env):
-        return served.infer({k: v for k, v in obs.items() if k in served.expected_keys}, request)["actions"]
+    def policy(obs, request, env, leftover=None, delay=0):
+        obs = {k: v for k, v in obs.items() if k in served.expected_keys}
+        if leftover is not None:  # real-time chunking: as a client of zerojax serve sends them
+            obs.update({"prev_actions": leftover, "inference_delay": delay})
+        return served.infer(obs, request)["actions"]
 
     return policy, size, n_action_steps, served.where
 

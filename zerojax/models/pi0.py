@@ -24,13 +24,10 @@ Two stacks, run in order (the unit protocol):
                            (u_t - v_t)^2 over the real action dimensions of steps inside the episode
 
 Flow matching: x_t = t·noise + (1 - t)·actions, u_t = noise - actions. The batch (`BATCH`, made
-from a dataset's features by `pi0_batch`, which lists it) carries `noise` and `time`, drawn by
-the data pipeline from (seed, step, row), so the loss is the same on any mesh and any
-train.grad_accum.
-
-`flow_loss(batch, noise, time)` returns LeRobot's unreduced losses [B, H, max_action_dim];
-`sample_actions(batch, noise, num_steps=10)` integrates from t = 1 to 0 with Euler steps, the
-prefix's keys and values computed once.
+by `pi0_batch`) carries `noise` and `time`, drawn by the data pipeline from (seed, step, row), so
+the loss is the same on any mesh and any train.grad_accum. `flow_loss` returns LeRobot's
+unreduced losses [B, H, max_action_dim]; `sample_actions` integrates from t = 1 to 0 with Euler
+steps (real-time chunking's guidance, `rtc`, optional), the prefix's keys and values computed once.
 
 Shapes: B batch, P prefix, S suffix (1 + H), H action horizon, A max_action_dim, D VLM width,
 W expert width, E vision width, G kv heads, Q query heads, K head dim, L layers.
@@ -47,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, protocol, siglip
+from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, protocol, rtc, siglip
 from zerojax.models.vla import linear as _linear, time_embedding
 from zerojax.models.family import POLICY, Family
 from zerojax.models.llama import MLP, _dense, rope
@@ -297,9 +294,11 @@ class Pi0(nnx.Module):
         x = protocol.apply_stack(self.layers, self.between("layers", x, batch))
         return self.losses(x, batch)
 
-    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int = 10) -> jax.Array:
+    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int = 10,
+                       guide: rtc.Guide | None = None) -> jax.Array:
         """Actions [B, H, max_action_dim] (normalized space): Euler steps from t = 1 to 0 of the
-        learnt velocity, the prefix's keys and values computed once (LeRobot's sample_actions)."""
+        learnt velocity, the prefix's keys and values computed once (LeRobot's sample_actions);
+        with a `guide`, each step's velocity is real-time chunking's (`zerojax.models.rtc`)."""
         prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
         B, P = prefix_pad.shape
         prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
@@ -331,7 +330,9 @@ class Pi0(nnx.Module):
         dt = jnp.float32(-1.0 / num_steps)
         x_t = noise.astype(jnp.float32)
         for time in self.euler_times(num_steps):
-            x_t = x_t + dt * velocity(x_t, jnp.float32(time))
+            t = jnp.float32(time)
+            v_t = velocity(x_t, t) if guide is None else rtc.guided(lambda x: velocity(x, t), x_t, t, guide)
+            x_t = x_t + dt * v_t
         return x_t
 
     def suffix_of(self, batch: dict, x_t: jax.Array, time_B: jax.Array) -> dict:

@@ -37,10 +37,13 @@ from flax import nnx
 from zerojax.config.hf_config import LEROBOT, init_source
 from zerojax.data import corpus, lerobot, lerobot_frames
 from zerojax.errors import ConfigError
-from zerojax.models import registry
+from zerojax.models import registry, rtc
 from zerojax.models.family import ACTION, CAMERA, POLICY, STATE
 
 PROMPT_KEYS = ("prompt", "task")  # openpi's clients send "prompt"; LeRobot's frames call it "task"
+# real-time chunking, optional (an openpi client sends neither): the previous chunk's actions not yet
+# executed, float [K, D_a] in the robot's units, and how many of them run while this request is served
+RTC_KEYS = ("prev_actions", "inference_delay")
 
 
 class ObservationError(ValueError):
@@ -66,6 +69,8 @@ class ServedPolicy:
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
+    rtc_horizon: int = 10  # real-time chunking's execution horizon (LeRobot's execution_horizon)
+    rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/rtc.py)
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
@@ -80,7 +85,9 @@ class ServedPolicy:
             return jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
 
         def sample(params, batch, noise):
-            return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps)
+            batch = dict(batch)  # a row without a leftover has weights 0: its velocity is left as it is
+            guide = rtc.Guide(batch.pop("rtc_leftover"), batch.pop("rtc_weights"), jacobian=self.rtc_jacobian)
+            return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps, guide=guide)
 
         self._noise, self._sample = jax.jit(noise), jax.jit(sample)
 
@@ -106,8 +113,17 @@ class ServedPolicy:
         raw = self.check(obs)
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
                                   self.prompt_len, self.tokenizer, self.pad_before)
-        return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
-                                        self.tokenizer)
+        batch = self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
+                                         self.tokenizer)
+        return {**batch, **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0))}
+
+    def rtc_row(self, leftover, delay: int) -> dict:
+        """The row's real-time-chunking guide: the leftover normalized as the actions were, padded."""
+        norm = self.norms[ACTION]
+        _, width = self.adapter.chunk(self.model_keys)
+        x = None if leftover is None else lerobot.normalize(leftover, norm, norm["mode"])
+        padded, weights = rtc.leftover_rows(x, delay, self.rtc_horizon, self.horizon, width)
+        return {"rtc_leftover": padded[None], "rtc_weights": weights[None]}
 
     def noise(self, request: int) -> jax.Array:
         """The noise of request number `request` (module docstring): [1, *chunk]."""
@@ -151,7 +167,7 @@ class ServedPolicy:
         ObservationError naming the key."""
         if not isinstance(obs, dict):
             raise ObservationError(f"an observation is a map of {self.expected()}; got a {type(obs).__name__}")
-        unknown = [k for k in obs if k not in (STATE, *self.cameras, *PROMPT_KEYS)]
+        unknown = [k for k in obs if k not in (STATE, *self.cameras, *PROMPT_KEYS, *RTC_KEYS)]
         missing = [k for k in (STATE, *self.cameras) if k not in obs]
         if unknown or missing:
             what = "; ".join([f"unknown key {', '.join(map(repr, unknown))}"] * bool(unknown) +
@@ -159,6 +175,7 @@ class ServedPolicy:
             raise ObservationError(f"observation: {what}; this policy reads {self.expected()}")
         raw = {STATE: state(obs[STATE], self.state_dim), "task": instruction(obs)}
         raw.update({c: camera(c, obs[c], self.image_size) for c in self.cameras})
+        raw.update(committed(obs, self.horizon, self.action_dim))
         return raw
 
     @property
@@ -211,6 +228,27 @@ def state(value, dim: int) -> np.ndarray:
     if not np.isfinite(x).all():
         raise ObservationError(f"observation: {STATE!r} holds a NaN or an infinity: {x.tolist()}")
     return x
+
+
+def committed(obs: dict, horizon: int, width: int) -> dict:
+    """A real-time-chunking request's leftover and delay (RTC_KEYS), checked: {} where it sends none."""
+    if "prev_actions" not in obs:
+        if "inference_delay" in obs:
+            raise ObservationError("observation: 'inference_delay' goes with 'prev_actions' (the previous chunk's "
+                                   "actions not yet executed), which is missing")
+        return {}
+    x = array("prev_actions", obs["prev_actions"])
+    if x.dtype.kind not in "fiu" or x.ndim != 2 or x.shape[1] != width or not 0 < len(x) <= horizon:
+        raise ObservationError(f"observation: 'prev_actions' must be the previous chunk's unexecuted actions, "
+                               f"[K, {width}] numbers with 0 < K <= {horizon}; got shape {list(x.shape)}, dtype {x.dtype}")
+    x = x.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ObservationError("observation: 'prev_actions' holds a NaN or an infinity")
+    delay = obs.get("inference_delay", 0)
+    if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or not 0 <= delay <= len(x):
+        raise ObservationError(f"observation: 'inference_delay' must be an int from 0 to the {len(x)} actions of "
+                               f"'prev_actions' (those executed while this request is served); got {delay!r}")
+    return {"prev_actions": x, "inference_delay": int(delay)}
 
 
 def instruction(obs: dict) -> str:

@@ -11,6 +11,13 @@ same seed gives the same result, whatever else ran before. An episode succeeds w
 environment's `info["success"]` is set at any step, and ends there or at the task's
 max_path_length.
 
+`--delay D` simulates an inference that takes D control steps: the robot goes on with the
+current chunk's next D actions while the next chunk is computed from the observation at the
+request, and executes that chunk from its action D on (`Chunking`). Naive chunking then jumps at
+the seam; `--rtc` sends the unexecuted actions and the delay with the request, so that the
+policy's real-time chunking (zerojax/models/rtc.py) inpaints the new chunk to agree. The summary
+gives the mean action jump |a_t - a_t-1| at the seams and inside the chunks.
+
 `--policy expert` runs Meta-World's scripted expert through the same loop (one step a chunk:
 it is a feedback controller), for the rate to compare the policy with.
 """
@@ -33,39 +40,94 @@ class TaskResult:
     episodes: int = 0
     successes: int = 0
     steps: list = field(default_factory=list)  # each episode's length
+    seam_jumps: list = field(default_factory=list)  # |a_t - a_t-1| where a_t is a new chunk's first executed action
+    inner_jumps: list = field(default_factory=list)  # the same between two actions of one chunk
 
     def as_json(self) -> dict:
+        mean = lambda x: round(float(np.mean(x)), 5) if x else None  # noqa: E731
         return {"episodes": self.episodes, "successes": self.successes,
-                "success_rate": self.successes / self.episodes if self.episodes else 0.0}
+                "success_rate": self.successes / self.episodes if self.episodes else 0.0,
+                "seam_jump": mean(self.seam_jumps), "inner_jump": mean(self.inner_jumps)}
 
 
-def episode(env: metaworld.Env, policy, seed: int, index: int, n_action_steps: int, frames: list | None,
-            max_steps: int) -> tuple[bool, int]:
-    """(success, steps) of one episode; `frames` (a list) collects the camera at every step. The
-    camera is rendered for a policy that reads it (`policy.reads_camera`, default True) or a video."""
-    reads = getattr(policy, "reads_camera", True)
-    obs = env.reset(seed + index)
-    image = env.image() if reads or frames is not None else None
-    if frames is not None:
-        frames.append(image)
-    steps, request = 0, index * REQUESTS_PER_EPISODE
-    while steps < max_steps:
-        chunk = policy({**obs, metaworld.IMAGE_KEY: image} if reads else obs, request, env)
+@dataclass(frozen=True)
+class Chunking:
+    """How chunks are executed: `n_action_steps` of each from the observation it was sampled at,
+    then the next is asked for; while it is computed (`delay` control steps, a simulated inference
+    time) the robot goes on with the current chunk's next `delay` actions, and the new chunk is
+    executed from its action `delay` on. `rtc`: the request carries those unexecuted actions
+    (`leftover`) and the delay, so a real-time-chunking policy inpaints the new chunk to agree."""
+
+    n_action_steps: int
+    delay: int = 0
+    rtc: bool = False
+
+
+class Episode:
+    """One episode's loop state: the environment, the camera, the actions executed and where a
+    new chunk's actions began (for the smoothness figures)."""
+
+    def __init__(self, env, frames, max_steps: int, reads: bool, obs):
+        self.env, self.frames, self.max_steps, self.reads, self.obs = env, frames, max_steps, reads, obs
+        self.image = env.image() if reads or frames is not None else None
+        if frames is not None:
+            frames.append(self.image)
+        self.steps, self.success, self.actions, self.seams = 0, False, [], []
+
+    @property
+    def over(self) -> bool:
+        return self.success or self.steps >= self.max_steps
+
+    def observation(self) -> dict:
+        if self.image is None and self.reads:
+            self.image = self.env.image()
+        return {**self.obs, metaworld.IMAGE_KEY: self.image} if self.reads else self.obs
+
+    def execute(self, actions, new_chunk: bool) -> None:
+        for k, action in enumerate(actions):
+            if self.over:
+                return
+            if new_chunk and k == 0 and self.actions:
+                self.seams.append(len(self.actions))
+            self.actions.append(np.asarray(action, np.float32))
+            self.obs, self.success = self.env.step(action)
+            self.steps += 1
+            self.image = self.env.image() if self.frames is not None else None
+            if self.frames is not None:
+                self.frames.append(self.image)
+
+    def jumps(self) -> tuple[list, list]:
+        """(the seams' jumps, the others'): |a_t - a_t-1| over the executed actions."""
+        a = np.stack(self.actions) if len(self.actions) > 1 else np.zeros((0, 1))
+        steps = np.linalg.norm(np.diff(a, axis=0), axis=1) if len(a) > 1 else np.zeros(0)
+        seam = np.zeros(len(steps), bool)
+        seam[[t - 1 for t in self.seams if 0 < t <= len(steps)]] = True
+        return steps[seam].tolist(), steps[~seam].tolist()
+
+
+def episode(env: metaworld.Env, policy, seed: int, index: int, chunking: Chunking | int, frames: list | None,
+            max_steps: int) -> Episode:
+    """One episode (its success, steps and executed actions); `frames` (a list) collects the
+    camera at every step. The camera is rendered for a policy that reads it
+    (`policy.reads_camera`, default True) or a video."""
+    c = chunking if isinstance(chunking, Chunking) else Chunking(chunking)
+    ep = Episode(env, frames, max_steps, getattr(policy, "reads_camera", True), env.reset(seed + index))
+    request = index * REQUESTS_PER_EPISODE
+    chunk, start = policy(ep.observation(), request, env), 0  # the first chunk: before the robot moves
+    while not ep.over:
+        ep.execute(chunk[start:c.n_action_steps], new_chunk=True)
+        if ep.over:
+            break
         request += 1
-        for action in chunk[:n_action_steps]:
-            obs, success = env.step(action)
-            steps += 1
-            image = env.image() if frames is not None else None
-            if frames is not None:
-                frames.append(image)
-            if success or steps >= max_steps:
-                return success, steps
-        if image is None and reads:
-            image = env.image()
-    return False, steps
+        leftover = chunk[c.n_action_steps:]
+        asked = {"leftover": leftover, "delay": c.delay} if c.rtc else {}
+        new = policy(ep.observation(), request, env, **asked)  # from the state the robot is in now
+        ep.execute(chunk[c.n_action_steps:c.n_action_steps + c.delay], new_chunk=False)  # meanwhile
+        chunk, start = new, c.delay
+    return ep
 
 
-def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: int, size: int,
+def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: "Chunking | int", size: int,
         video_dir: Path | None = None, videos_per_task: int = 2, max_steps: int | None = None,
         progress: bool = True) -> dict:
     """{task: TaskResult} over `episodes` seeded episodes per task; MP4s of the first
@@ -77,10 +139,14 @@ def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: int,
         result = results[task] = TaskResult()
         for e in range(episodes):
             frames = [] if video_dir is not None and e < videos_per_task else None
-            success, steps = episode(env, policy, seed, e, n_action_steps, frames, max_steps or env.max_steps)
+            ep = episode(env, policy, seed, e, n_action_steps, frames, max_steps or env.max_steps)
+            success, steps = ep.success, ep.steps
             result.episodes += 1
             result.successes += int(success)
             result.steps.append(steps)
+            seams, inner = ep.jumps()
+            result.seam_jumps += seams
+            result.inner_jumps += inner
             if frames is not None:
                 video.write(Path(video_dir) / f"{task}-{e}.mp4", frames, metaworld.FPS, crf=23, gop=12)
             done += 1
@@ -96,7 +162,7 @@ def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: int,
     return results
 
 
-def expert(obs, request, env) -> np.ndarray:
+def expert(obs, request, env, **_) -> np.ndarray:
     """Meta-World's scripted expert as a policy: one action a chunk, from the true state."""
     return env.expert_action()[None]
 
@@ -105,5 +171,11 @@ expert.reads_camera = False
 
 
 def summary(results: dict) -> dict:
+    """Per task and over all: the success rate, and the mean action jump at the chunks' seams and
+    inside them (|a_t - a_t-1|, the robot's units: how smooth the executed motion is)."""
     tasks = {t: r.as_json() for t, r in results.items()}
-    return {"tasks": tasks, "mean_success_rate": float(np.mean([t["success_rate"] for t in tasks.values()]))}
+    seams = [j for r in results.values() for j in r.seam_jumps]
+    inner = [j for r in results.values() for j in r.inner_jumps]
+    return {"tasks": tasks, "mean_success_rate": float(np.mean([t["success_rate"] for t in tasks.values()])),
+            "seam_jump": round(float(np.mean(seams)), 5) if seams else None,
+            "inner_jump": round(float(np.mean(inner)), 5) if inner else None}
