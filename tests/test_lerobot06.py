@@ -76,8 +76,23 @@ def test_lerobot06_processor_files_give_lerobots_normalization(name, mode):
 def test_a_lerobot06_pi0_is_read_for_serving():
     """0.6's config.json names the image side `image_resolution` (0.3's `resize_imgs_with_padding`)."""
     policy = lerobot.read_policy(FIXTURE / "pi0")
-    assert (policy.image_size, policy.prompt_len, policy.pad_before) == (28, 8, False)
+    assert (policy.image_size, policy.prompt_len, policy.pad_before, policy.version) == (28, 8, False, "0.6")
     assert policy.norms["observation.state"]["mode"] == "mean_std"
+
+
+def test_a_lerobot06_pi05_is_served_with_its_quantiles_and_the_state_in_its_prompt():
+    from zerojax.serve import policy as served_lib
+
+    served = served_lib.load(FIXTURE / "pi05", num_steps=10, tokenizer=str(FIXTURE / "tokenizer" / "tokenizer.json"),
+                             vision_heads=2)
+    assert "(LeRobot 0.6 pi05 checkpoint)" in served.where and served.norms["action"]["mode"] == "quantiles"
+    rng = np.random.default_rng(0)
+    obs = {"observation.state": rng.standard_normal(served.state_dim), "prompt": "pick up the cube",
+           **{c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras}}
+    batch = served.batch(obs)
+    assert "state" not in batch  # π0.5 reads it from the prompt's tokens
+    actions = served.infer(obs, 0)["actions"]
+    assert actions.shape == (served.horizon, served.action_dim) and np.isfinite(actions).all()
 
 
 @pytest.fixture(scope="module")

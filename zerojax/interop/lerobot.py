@@ -135,7 +135,7 @@ class PolicyDir:
     """What a LeRobot policy directory says of the data its policy reads (`read_policy`): the
     features and normalization as a run's lerobot.json holds them, the square image side, the
     prompt's tokens, LeRobot's version (0.3 keeps its statistics as buffers, 0.4 in processor
-    files) and whether its images were padded top and left (0.3.x) rather than centred."""
+    files, 0.6 names the image size image_resolution) and whether its images were padded top and left (0.3.x) rather than centred."""
 
     config: dict
     features: dict
@@ -158,7 +158,8 @@ def read_policy(directory) -> PolicyDir:
                           "a square (LeRobot's default [224, 224])")
     prompt_len = config.get("tokenizer_max_length")
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
-                     "0.4" if (directory / "policy_preprocessor.json").is_file() else "0.3",
+                     "0.3" if not (directory / "policy_preprocessor.json").is_file() else
+                     "0.6" if key == "image_resolution" else "0.4",
                      image_padding(directory) == "before")
 
 
