@@ -10,11 +10,11 @@ no `weight` of their own), the heads are `action_in_proj`, `action_out_proj`, `t
 
 from __future__ import annotations
 
-from zerojax.models import pi0_lerobot, siglip
+from zerojax.models import pi0_lerobot
 from zerojax.models.family import LeRobotLayout, Tensor
 from zerojax.models.pi0_lerobot import EXPERT_LAYER, ROOT, VLM, VLM_LAYER
 
-EMBED = VLM + "language_model.embed_tokens.weight"
+EMBED = pi0_lerobot.EMBED
 HEADS = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
 
 
@@ -32,11 +32,7 @@ def _expert_tensors() -> dict:
 
 
 LEROBOT_TENSORS = {
-    **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
-    "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
-    "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
-    "embed_tokens/embedding": Tensor(EMBED),
-    "norm/scale": Tensor(VLM + "language_model.norm.weight"),
+    **pi0_lerobot.PALIGEMMA_TENSORS,
     **_dense("expert_norm", ROOT + "gemma_expert.model.norm"),
     **pi0_lerobot._stream_tensors("vlm", VLM_LAYER),
     **_expert_tensors(),

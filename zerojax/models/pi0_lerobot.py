@@ -40,12 +40,15 @@ def _stream_tensors(stream: str, layer: str) -> dict:
     return out
 
 
-LEROBOT_TENSORS = {
+PALIGEMMA_TENSORS = {  # the tower, projector, embedding and final norm: π0's and π0.5's alike
     **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", VLM + "vision_tower.vision_model."),
     "multi_modal_projector/kernel": Tensor(VLM + "multi_modal_projector.linear.weight", True),
     "multi_modal_projector/bias": Tensor(VLM + "multi_modal_projector.linear.bias"),
     "embed_tokens/embedding": Tensor(EMBED),
     "norm/scale": Tensor(VLM + "language_model.norm.weight"),
+}
+LEROBOT_TENSORS = {
+    **PALIGEMMA_TENSORS,
     "expert_norm/scale": Tensor(ROOT + "gemma_expert.model.norm.weight"),
     **_stream_tensors("vlm", VLM_LAYER),
     **_stream_tensors("expert", EXPERT_LAYER),
