@@ -153,6 +153,22 @@ def test_the_scripted_expert_succeeds_through_the_same_loop(metaworld, capsys):
     assert r["inner_jump"] is None and r["seam_jump"] > 0  # one action a chunk: every step is a seam
 
 
+def test_every_episode_of_every_task_sees_a_rendered_camera(metaworld):
+    """A policy that reads the camera, over two tasks of two episodes each: no frame it is given is
+    black (an earlier task's environment, freed once the next one had rendered, once took MuJoCo's
+    OSMesa context with it and blacked out every later frame)."""
+    from zerojax.sim import rollout
+
+    seen = []
+
+    def policy(obs, request, env, **_):
+        seen.append((request, float(obs[metaworld.IMAGE_KEY].mean())))
+        return np.zeros((2, 4), np.float32)
+
+    rollout.run(policy, [TASK, "drawer-close-v3"], 2, 0, 2, SIZE, max_steps=4, progress=False)
+    assert len(seen) == 2 * 2 * 2 and all(mean > 10 for _, mean in seen), seen
+
+
 def test_the_expert_fails_where_its_episodes_are_cut_short(metaworld, capsys):
     doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "1", "--max-steps", "3"],
                        capsys)

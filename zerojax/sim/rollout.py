@@ -124,6 +124,9 @@ def episode(env: metaworld.Env, policy, seed: int, index: int, chunking: Chunkin
         new = policy(ep.observation(), request, env, **asked)  # from the state the robot is in now
         ep.execute(chunk[c.n_action_steps:c.n_action_steps + c.delay], new_chunk=False)  # meanwhile
         chunk, start = new, c.delay
+    # the result keeps no environment: a closed task's env freed later, once the next task's has
+    # rendered, takes MuJoCo's OSMesa context with it and every later frame is black
+    ep.env = ep.frames = None
     return ep
 
 
