@@ -109,6 +109,10 @@ def test_a_delay_keeps_the_committed_actions_and_rtc_sends_them_with_the_request
     assert ep.seams == [5, 8, 11] and ep.steps == 12
     seams, inner = ep.jumps()
     assert seams == [98.0] * 3 and set(inner) == {1.0}
+    env = Line()  # a delay as long as the actions a chunk runs: each runs only while the next is computed
+    ep = rollout.episode(env, policy, 0, 0, rollout.Chunking(n_action_steps=3, delay=3, rtc=True), None, 12)
+    assert env.done == [0, 1, 2, 3, 4, 5, 103, 104, 105, 203, 204, 205]
+    assert ep.seams == [6, 9] and ep.jumps()[0] == [98.0, 98.0]
     asked.clear()
     env = Line()
     rollout.episode(env, policy, 0, 0, rollout.Chunking(n_action_steps=4), None, 12)  # no delay, no RTC: as before

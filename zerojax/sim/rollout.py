@@ -72,7 +72,7 @@ class Episode:
         self.image = env.image() if reads or frames is not None else None
         if frames is not None:
             frames.append(self.image)
-        self.steps, self.success, self.actions, self.seams = 0, False, [], []
+        self.steps, self.success, self.actions, self.seams, self.chunk = 0, False, [], [], None
 
     @property
     def over(self) -> bool:
@@ -83,12 +83,15 @@ class Episode:
             self.image = self.env.image()
         return {**self.obs, metaworld.IMAGE_KEY: self.image} if self.reads else self.obs
 
-    def execute(self, actions, new_chunk: bool) -> None:
-        for k, action in enumerate(actions):
+    def execute(self, actions, chunk: int) -> None:
+        """Step through `actions`, of chunk number `chunk`: the first action of a chunk other than
+        the last one executed is a seam."""
+        for action in actions:
             if self.over:
                 return
-            if new_chunk and k == 0 and self.actions:
+            if chunk != self.chunk and self.actions:
                 self.seams.append(len(self.actions))
+            self.chunk = chunk
             self.actions.append(np.asarray(action, np.float32))
             self.obs, self.success = self.env.step(action)
             self.steps += 1
@@ -115,15 +118,14 @@ def episode(env: metaworld.Env, policy, seed: int, index: int, chunking: Chunkin
     request = index * REQUESTS_PER_EPISODE
     chunk, start = policy(ep.observation(), request, env), 0  # the first chunk: before the robot moves
     while not ep.over:
-        ep.execute(chunk[start:c.n_action_steps], new_chunk=True)
+        ep.execute(chunk[start:c.n_action_steps], request)
         if ep.over:
             break
-        request += 1
         leftover = chunk[c.n_action_steps:]
         asked = {"leftover": leftover, "delay": c.delay} if c.rtc else {}
-        new = policy(ep.observation(), request, env, **asked)  # from the state the robot is in now
-        ep.execute(chunk[c.n_action_steps:c.n_action_steps + c.delay], new_chunk=False)  # meanwhile
-        chunk, start = new, c.delay
+        new = policy(ep.observation(), request + 1, env, **asked)  # from the state the robot is in now
+        ep.execute(chunk[c.n_action_steps:c.n_action_steps + c.delay], request)  # meanwhile
+        chunk, start, request = new, c.delay, request + 1
     # the result keeps no environment: a closed task's env freed later, once the next task's has
     # rendered, takes MuJoCo's OSMesa context with it and every later frame is black
     ep.env = ep.frames = None
