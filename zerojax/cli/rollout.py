@@ -32,6 +32,8 @@ def arguments(rollout: Parser) -> None:
                          "steps: the robot goes on with the current chunk's next D actions meanwhile (default 0)")
     rollout.add_argument("--rtc", action="store_true", help="real-time chunking: each request carries the actions "
                          "not yet executed and the delay, and the new chunk is inpainted to agree with them")
+    rollout.add_argument("--rtc-jacobian", action="store_true", help="real-time chunking's correction pulled back "
+                     "through the denoiser (the paper's, one vector-Jacobian product a step) instead of LeRobot's")
     rollout.add_argument("--num-steps", type=positive_int, default=10, metavar="N",
                          help="Euler steps of the flow from noise to actions (default 10, as π0's)")
     rollout.add_argument("--max-steps", type=positive_int, metavar="N", help="cut episodes at N steps (default: the "
@@ -96,9 +98,13 @@ def _policy(args):
         return rollout.expert, args.size, 1, "Meta-World's scripted expert"
     from zerojax.serve import policy as served_lib
 
-    served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed)
+    served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
+                             rtc_jacobian=args.rtc_jacobian)
     size = metaworld.check_features(served.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay
+    if args.delay > n_action_steps:
+        raise UsageError(f"--delay {args.delay} is more than --n-action-steps {n_action_steps}: the robot would run "
+                         "out of the actions it committed to before the next chunk arrives")
     if n_action_steps + args.delay > served.horizon:
         raise UsageError(f"--n-action-steps {n_action_steps} and --delay {args.delay}: the run's chunks hold "
                          f"{served.horizon} actions (model.action.horizon), fewer than the two together")

@@ -32,6 +32,8 @@ def arguments(serve: Parser) -> None:
                        help="requests from different connections sampled in one call when they wait together "
                             "(default 1: one at a time, as openpi's server; the batch sizes 1, 2, 4 .. N are "
                             "compiled at start)")
+    serve.add_argument("--rtc-jacobian", action="store_true", help="real-time chunking's correction pulled back "
+                     "through the denoiser (the paper's, one vector-Jacobian product a step) instead of LeRobot's")
     serve.add_argument("--tokenizer", metavar="PATH", help="a LeRobot checkpoint: the tokenizer.json of its prompts "
                        "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
@@ -51,7 +53,7 @@ def run(args) -> int:
                           "choose another --port or --host") from None
     with sock:
         served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
-                             args.vision_heads, args.max_batch)
+                             args.vision_heads, args.max_batch, args.rtc_jacobian)
         print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
               f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)
         return serve_on(served, sock, args)

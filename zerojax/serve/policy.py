@@ -284,7 +284,7 @@ def camera(key: str, value, size: int) -> np.ndarray:
 
 
 def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
-         vision_heads: int | None = None, max_batch: int = 1) -> ServedPolicy:
+         vision_heads: int | None = None, max_batch: int = 1, rtc_jacobian: bool = False) -> ServedPolicy:
     """A policy, compiled and warmed up (for batches of up to `max_batch` observations): a run
     directory's checkpoint (the newest, or `step`) and its lerobot.json, a safetensors file
     `zerojax export` wrote of such a run (its config, lerobot.json and tokenizer travel in the
@@ -292,7 +292,7 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
     `tokenizer` and `vision_heads` are for it alone). ConfigError, before any weight is read, for
     a run that is not a policy trained on LeRobot data."""
     served = _policy(Path(target), step, num_steps, seed, tokenizer, vision_heads)
-    served.max_batch = max_batch
+    served.max_batch, served.rtc_jacobian = max_batch, rtc_jacobian  # before the first trace
     served.warm_up()
     return served
 
