@@ -170,7 +170,9 @@ class UnitPasses:
         microbatch) or schedules exit's before the forward, and the gathered unit is held
         through the step."""
         plans = self.units.outer_of(self.plan.leaves)
-        source = outer_split.after(select(self.units.outer_of(sources), mask), after)
+        source = select(self.units.outer_of(sources), mask)
+        if self.plan.layout.gather_per_unit:  # else the sources are the weights, whole all step
+            source = outer_split.after(source, after)
         got = self.exchange(None, reverse, mask).fetch(source)
         return combine(got, outer_split.placeholders(plans, mask, self.policy.compute))
 
