@@ -68,14 +68,17 @@ def memory_report(params: float, devices: int, k: float = 12, trained: float | N
 
 
 def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_reduce: float,
-                      reshard_after_forward: bool = True, trained: float | None = None, grad_accum: int = 1) -> float:
+                      reshard_after_forward: bool = True, trained: float | None = None, grad_accum: int = 1,
+                      once: float = 0) -> float:
     """docs/design.md §2: bytes each device sends per step over the data axis (ring, g = (N-1)/N).
 
     `trained` (Ψ_t, default Ψ): only trained leaves have gradients to reduce; frozen ones are
     gathered at stage 3 and replicated (never sent) below it. With `grad_accum` k microbatches,
     stages 2 and 3 reduce-scatter each microbatch's gradient and stage 3 gathers per microbatch
     (XLA may hoist a unit's gathers out of the microbatch loop where they do not change: the
-    outer unit's; then it sends less)."""
+    outer unit's; then it sends less). `once`: parameters stage 3 gathers once per microbatch, not
+    twice (the explicit schedule's outer-unit leaves that only `enter` or only `exit` reads, such
+    as an untied embedding and head: schedules/outer.py)."""
     g, t, k = (n - 1) / n, params if trained is None else trained, grad_accum
     if stage == 0:
         return 2 * g * t * b_reduce
@@ -85,7 +88,7 @@ def comm_theory_bytes(stage: int, params: float, n: int, b_gather: float, b_redu
         return g * t * (k * b_reduce + b_gather)
     if not reshard_after_forward:
         return k * g * (params * b_gather + t * b_reduce)
-    return k * g * (2 * params * b_gather + t * b_reduce)
+    return k * g * ((2 * params - once) * b_gather + t * b_reduce)
 
 
 def peak_bytes(memory: dict) -> int:

@@ -16,6 +16,7 @@ from zerojax.parallel import mesh as mesh_lib
 from zerojax.parallel.mesh import DATA
 from zerojax.precision import Policy
 from zerojax.schedules import quant
+from zerojax.schedules.explicit import UnitPasses
 from zerojax.train import model as model_lib
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib
@@ -128,7 +129,8 @@ def stage_report(cfg, engine, compiled, params: int) -> dict:
         "schedule": z.schedule, "remat": cfg.model.remat, "prefetch": z.prefetch,
         "comm_bytes": sum(comm["bytes"].values()),
         "comm_theory_bytes": comm_theory_bytes(stage, params, n, b_g, b_r, z.reshard_after_forward, trained,
-                                               cfg.train.grad_accum),
+                                               cfg.train.grad_accum,
+                                               outer_gathered_once(cfg, engine) if explicit and stage == 3 else 0),
         "comm": comm["bytes"], "comm_counts": comm["counts"], "comm_dtypes": comm["dtypes"],
         "gather_bytes_per_element": b_g, **quantized_gather(engine.policy, comm["dtypes"].get("all-gather")),
         **({"transient_estimate": transient_estimate(cfg, engine, b_g, b_r)} if stage == 3 and explicit else {}),
@@ -199,3 +201,12 @@ def model_flops_per_token(cfg) -> float:
     cost = jax.jit(lambda p, b: protocol.forward(units, p, b)[0]).lower(params, batch).cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return 3 * float(cost["flops"]) / cfg.model.seq_len
+
+
+def outer_gathered_once(cfg, engine) -> int:
+    """Parameters of the outer unit that only `enter` (with the glue) or only `exit` reads: the
+    explicit schedule gathers them once per microbatch, not twice (schedules/outer.py)."""
+    split = UnitPasses(engine.units, engine.plan, engine.policy, None, 1).split(step_lib.batch_shape(cfg))
+    plans = engine.units.outer_of(engine.plan.leaves)
+    flags = zip(jax.tree.leaves(plans), jax.tree.leaves(split.front), jax.tree.leaves(split.back))
+    return sum(math.prod(p.shape) for p, front, back in flags if front != back)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, protocol
+from zerojax.models import attention, protocol, vocab_loss
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
@@ -131,7 +131,7 @@ class Llama(nnx.Module):
 
     def enter(self, batch):
         fields = protocol.text(batch)
-        return protocol.stream(self.embed_tokens(fields.inputs), fields.structure())
+        return protocol.stream(protocol.embed(self.embed_tokens, fields.inputs), fields.structure())
 
     def head(self, x_BTD: jax.Array) -> jax.Array:
         x_BTD = self.norm(x_BTD)
@@ -139,7 +139,18 @@ class Llama(nnx.Module):
         return logits_BTV.astype(jnp.float32)
 
     def exit(self, x, batch):
-        return protocol.chunked_text_loss(self.head, protocol.unstream(x)[0], protocol.text(batch), self.loss_chunk)
+        """The loss without whole logits: a plain (tied or untied) head in blocks of tokens and of
+        the vocabulary (`vocab_loss`); any other head (LoRA on it) in chunks of tokens."""
+        h_BTD, fields = protocol.unstream(x)[0], protocol.text(batch)
+        if self.lm_head is None:  # tied: logits = h · embedding^T
+            w, vocab_dim, dtype = self.embed_tokens.embedding[...], 0, self.embed_tokens.dtype
+        elif type(self.lm_head) is nnx.Linear and self.lm_head.bias is None:
+            w, vocab_dim, dtype = self.lm_head.kernel[...], 1, self.lm_head.dtype
+        else:
+            return protocol.chunked_text_loss(self.head, h_BTD, fields, self.loss_chunk)
+        dtype = dtype or w.dtype
+        return vocab_loss.linear_text_loss(self.norm(h_BTD).astype(dtype), w.astype(dtype), fields, self.loss_chunk,
+                                           vocab_dim)
 
     def logits(self, tokens_BT: jax.Array) -> jax.Array:
         """[B, T, V] fp32 logits on one device (sampling, checks against transformers)."""

@@ -6,16 +6,21 @@ and gradient are computed by an explicit forward and backward pass over the mode
 per layer of each stack), not by autodiff of the whole step, so where weights are gathered and
 freed is decided here and nowhere else:
 
-    forward:   gather the outer unit; enter; free it (after the last `between`, with several
-               stacks); for each layer of each stack: gather, compute, free;
-               gather the outer unit again; exit (the loss)
-    backward:  exit's vjp (outer unit still gathered), free it; for each layer in reverse:
-               gather again, vjp, reduce-scatter its gradient, free; the glue's and enter's
-               vjps (for a token embedding a scatter-add into the rows it read: it keeps the
-               token ids, not the weights); reduce-scatter the outer unit's gradient
+    forward:   gather the outer unit's leaves that enter and the glue read; enter; free them
+               (after the last `between`, with several stacks); for each layer of each stack:
+               gather, compute, free; gather the outer leaves that exit reads; exit (the loss)
+    backward:  exit's vjp (those leaves still gathered), free them; reduce-scatter the gradient
+               of the leaves only exit reads (an untied LM head); for each layer in reverse:
+               gather again, vjp, reduce-scatter its gradient (added into train.grad_accum's
+               running sums in the loop), free; the glue's and enter's vjps (for a token
+               embedding a scatter-add into the rows it read: it keeps the token ids, not the
+               weights); reduce-scatter the rest of the outer unit's gradient
 
-Every unit is thus gathered twice per step and reduce-scattered once, as docs/design.md §2 counts
-(FSDP likewise keeps its root unit gathered from the loss's forward into its backward).
+Every unit is thus gathered twice per microbatch and reduce-scattered once, as docs/design.md §2
+counts (FSDP likewise keeps its root unit gathered from the loss's forward into its backward);
+the outer unit is split by use (`schedules.outer`), so an untied head is gathered once and its
+gradient sent on before the layers' backward, and the outer unit's gathers wait for the
+microbatch (XLA would hoist them out of the accumulation loop and hold them all step).
 
 A unit's gather is one `all_gather` of one flat buffer holding all its sharded leaves (in
 `precision.gather`), and its gradient one `psum_scatter` of the same layout (in
@@ -51,7 +56,8 @@ from zerojax.parallel.mesh import BATCH_AXES, DATA, REPLICA
 from zerojax.models.protocol import REMAT_POLICIES, Units
 from zerojax.precision import Policy
 from zerojax.parallel.plan import Plan
-from zerojax.parallel.trees import microbatches, trained
+from zerojax.parallel.trees import combine, microbatches, select, trained
+from zerojax.schedules import outer as outer_split
 from zerojax.schedules.flat import UnitLayout
 from zerojax.schedules.options import StepOptions
 from zerojax.schedules.residuals import Residuals, block_residuals, vjp_trained
@@ -86,10 +92,24 @@ class Tape(NamedTuple):
     glue_vjps: dict  # per stack after the first: the vjp of `between`
     queue: tuple  # units the forward already gathered for the backward (prefetch)
     residuals: dict  # per stack: the Residuals layout its saved values follow
+    split: outer_split.Split  # the outer unit's leaves by use (enter and glue, exit)
 
 
 def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
+
+
+def _merge_add(a: dict, b: dict) -> dict:
+    """Two nested dicts of gradients as one: leaves in both added, the others kept."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = (_merge_add(out[k], v) if isinstance(v, dict) else out[k] + v) if k in out else v
+    return out
+
+
+def _or_not(frozen, mask):
+    """A frozen mask that also closes over the leaves `mask` leaves out (not differentiated)."""
+    return jax.tree.map(lambda f, m: f or not m, frozen, mask)
 
 
 @dataclass(frozen=True)
@@ -114,12 +134,56 @@ class UnitPasses:
     def recompute(self) -> bool:  # remat=full: keep only a block's input; its backward recomputes it
         return self.options.remat == "full"
 
-    def exchange(self, name: str | None, reverse: bool = False) -> Exchange:
-        """The outer unit's (name None) or one layer of stack `name`'s exchange."""
+    def exchange(self, name: str | None, reverse: bool = False, mask=None) -> Exchange:
+        """The outer unit's (name None; `mask`: only those of its leaves) or one layer of stack
+        `name`'s exchange."""
         leaves, stage, n = self.unit_of(self.plan.leaves, name), self.plan.layout, self.plan.data_size
+        frozen = self.frozen(name)
+        if mask is not None:
+            leaves, frozen = select(leaves, mask), select(frozen, mask)
         layout = UnitLayout(leaves, name is not None, n, reverse)
-        grad_layout = UnitLayout(trained(leaves, self.frozen(name)), name is not None, n)
+        grad_layout = UnitLayout(trained(leaves, frozen), name is not None, n)
         return Exchange(layout, grad_layout, self.policy, stage.gather_per_unit, stage.scatter_per_unit)
+
+    def split(self, batch) -> outer_split.Split:
+        """Which outer leaves enter and the glue read, and which exit reads (traced once, on
+        abstract values; the stacks keep their activations' shapes, so they are skipped)."""
+        plans, dtype = self.units.outer_of(self.plan.leaves), self.policy.compute
+
+        def front(w, batch):
+            x = self.units.enter(w, batch)
+            for name in self.units.names[1:]:
+                x = self.units.between(w, name, x, batch)
+            return x
+
+        abstract = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
+        w = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, dtype), plans)
+        x = jax.eval_shape(front, w, abstract(batch))
+        return outer_split.Split(outer_split.reads(front, plans, dtype, abstract(batch)),
+                                 outer_split.reads(lambda w, x, b: self.units.exit(w, x, b), plans, dtype, x,
+                                                   abstract(batch)))
+
+    def fetch_outer(self, sources, mask, after, reverse: bool = False):
+        """The outer unit with the leaves of `mask` gathered, zeros (unread) for the others.
+        The gather waits for `after` (the microbatch's batch or activations, `outer_split.after`):
+        else XLA hoists it out of the train.grad_accum loop (its sources are the same in every
+        microbatch) or schedules exit's before the forward, and the gathered unit is held
+        through the step."""
+        plans = self.units.outer_of(self.plan.leaves)
+        source = select(self.units.outer_of(sources), mask)
+        if self.plan.layout.gather_per_unit:  # else the sources are the weights, whole all step
+            source = outer_split.after(source, after)
+        got = self.exchange(None, reverse, mask).fetch(source)
+        return combine(got, outer_split.placeholders(plans, mask, self.policy.compute))
+
+    def send_outer(self, grads: dict, shards, mask) -> dict:
+        """The outer unit's gradient of the leaves of `mask` sent on (zero for a trained leaf of
+        `mask` that nothing read)."""
+        like = select(self.units.outer_of(shards), mask)
+        if not jax.tree.leaves(like):
+            return {}
+        plans = trained(select(self.units.outer_of(self.plan.leaves), mask), select(self.frozen(None), mask))
+        return self.exchange(None, mask=mask).send(outer_split.fill(grads, plans, self.policy.compute), like)
 
     def unit_of(self, tree, name: str | None):
         return self.units.outer_of(tree) if name is None else tree.get(name, {})
@@ -182,7 +246,10 @@ class UnitPasses:
 
     def forward(self, sources, batch) -> Tape:
         """enter, each stack's layers (and the glue between stacks), up to the loss's input."""
-        outer, frozen = self.exchange(None).fetch(self.units.outer_of(sources)), self.frozen(None)
+        split = self.split(batch)
+        outer = self.fetch_outer(sources, outer_split.union(split.front, split.back) if self.keep else split.front,
+                                 batch)
+        frozen = _or_not(self.frozen(None), split.front)
         x, enter_vjp = vjp_trained(lambda w: self.units.enter(w, batch), outer, frozen)
         saved, glue, queue, names, residuals = {}, {}, (), self.units.names, {}
         for k, name in enumerate(names):
@@ -195,41 +262,50 @@ class UnitPasses:
             step = lambda x, w, e, name=name: self.block_forward(name, residuals[name], x, w, e)
             x, saved[name], queue = queued_scan(step, self.exchange(name).fetch, sources[name], (), x, self.ahead,
                                                 wrap=wrap)
-        return Tape(x, outer if self.keep else None, saved, enter_vjp, glue, queue, residuals)
+        return Tape(x, outer if self.keep else None, saved, enter_vjp, glue, queue, residuals, split)
 
-    def backward(self, tape: Tape, sources, shards, batch, scale):
+    def backward(self, tape: Tape, sources, shards, batch, scale, acc=None):
         """The loss (the outer unit gathered again, or kept), then every unit's gradient in
-        reverse order. Returns (w·l / n_calls, w / n_calls, gradients)."""
-        outer_ex = self.exchange(None)
+        reverse order. Returns (w·l / n_calls, w / n_calls, gradients); with `acc` (the running
+        sums of train.grad_accum) the gradients are added into it, a stack's layer by layer in
+        its backward's loop (no second stack-sized gradient beside the sums)."""
+        split = tape.split
         # Packed in reverse, this gather stays distinct from enter's (UnitLayout), so enter's is freed.
-        outer = tape.outer if self.keep else self.exchange(None, reverse=True).fetch(self.units.outer_of(sources))
-        (loss, weight), exit_vjp = vjp_trained(lambda w, x: self.units.exit(w, x, batch), outer, self.frozen(None),
-                                               tape.x)
+        outer = tape.outer if self.keep else self.fetch_outer(sources, split.back, tape.x, reverse=True)
+        (loss, weight), exit_vjp = vjp_trained(lambda w, x: self.units.exit(w, x, batch), outer,
+                                               _or_not(self.frozen(None), split.back), tape.x)
         share = weight / self.n_calls  # this call's part of the step's loss
-        d_outer, dx = exit_vjp((scale.astype(jnp.float32) * share, jnp.zeros_like(weight)))
-        grads, names = {}, self.units.names
+        d_exit, dx = exit_vjp((scale.astype(jnp.float32) * share, jnp.zeros_like(weight)))
+        # Leaves only exit reads (an untied LM head): their gradient leaves now, not after every layer's.
+        early = self.send_outer(select(d_exit, split.early), shards, split.early)
+        d_outer, names = select(d_exit, split.early, keep=False), self.units.names
+        grads = {}
         for k in reversed(range(len(names))):
             name, ex = names[k], self.exchange(names[k])
             source, fetch = (tape.saved[name][1], lambda w: w) if self.keep else (sources[name], ex.fetch)
             step = lambda dy, w, xs, name=name, ex=ex: self.block_backward(name, tape.residuals[name], ex.send, dy, w,
                                                                            xs)
             queue = tape.queue if k == len(names) - 1 else ()
+            into = acc.get(name) if acc is not None and jax.tree.leaves(acc.get(name, {})) else None
             dx, grads[name], _ = queued_scan(step, fetch, source, (tape.saved[name], shards.get(name, {})), dx,
-                                             0 if self.keep else self.ahead, reverse=True, queue=queue or None)
+                                             0 if self.keep else self.ahead, reverse=True, queue=queue or None,
+                                             into=into)
             if k:
                 d_glue, dx = tape.glue_vjps[name](dx)
-                d_outer = _add(d_outer, d_glue)
+                d_outer = _merge_add(d_outer, d_glue)
         (d_enter,) = tape.enter_vjp(dx)
-        grads.update(outer_ex.send(_add(d_outer, d_enter), self.units.outer_of(shards)))
+        outer = combine(early, self.send_outer(_merge_add(d_outer, d_enter), shards, split.late))
+        grads.update(outer if acc is None else _add(self.units.outer_of(acc), outer))
         grads = {k: v for k, v in grads.items() if jax.tree.leaves(v)}  # a stack with nothing trained
         return loss * share, share, jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
-    def local_grads(self, sources, shards, batch, scale):
-        """This device's part of the loss, its weight, and its gradient, for one microbatch.
+    def local_grads(self, sources, shards, batch, scale, acc=None):
+        """This device's part of the loss, its weight, and its gradient (added into `acc`, when
+        given), for one microbatch.
 
         `sources`: what units are fetched from (master shards at stage 3, whole weights else);
         `shards`: the trained leaves' master shards (the layout gradients are reduce-scattered into)."""
-        return self.backward(self.forward(sources, batch), sources, shards, batch, scale)
+        return self.backward(self.forward(sources, batch), sources, shards, batch, scale, acc)
 
 
 def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options: StepOptions):
@@ -272,7 +348,9 @@ def make_loss_and_grads(mesh, plan: Plan, policy: Policy, units: Units, options:
             like = shards if stage.accum else trained(weights, frozen)  # sharded, or whole local gradients
 
             def body(acc, micro_BS):
-                return _add(acc, passes.local_grads(weights, shards, micro_BS, scale)), None
+                loss, weight, grads = acc
+                l, w, grads = passes.local_grads(weights, shards, micro_BS, scale, grads)
+                return (loss + l, weight + w, grads), None
 
             zero = jnp.zeros((), jnp.float32)
             acc = (zero, zero, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), like))

@@ -19,7 +19,7 @@ def layer_put(tree, piece, i):
 
 
 def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead: int, *, reverse: bool = False,
-                queue: tuple | None = None, wrap: bool = False):
+                queue: tuple | None = None, wrap: bool = False, into=None):
     """for each unit i (0..L-1, or L-1..0 when `reverse`): carry, out[i] = step(carry,
     gather(sources[i]), extras[i]), the gather of the unit `ahead` places later in that order
     issued before unit i computes (a queue of `ahead` gathered units carried through the scan).
@@ -32,7 +32,9 @@ def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead:
 
     Stacked inputs are read by index and the outputs written in place into [L, ...] buffers in
     layer order, so nothing stacked is ever sliced, reversed or concatenated (each of those
-    would be a copy of the whole stack alive next to the units). Returns (carry, outs, queue)."""
+    would be a copy of the whole stack alive next to the units). `into`: [L, ...] buffers the
+    outputs are added into (train.grad_accum's running sums), instead of new ones.
+    Returns (carry, outs, queue)."""
     L = jax.tree.leaves(sources)[0].shape[0]
     ahead = min(ahead, L)
     unit = (lambda j: L - 1 - j) if reverse else (lambda j: j)
@@ -42,11 +44,13 @@ def queued_scan(step: Callable, gather: Callable, sources, extras, carry, ahead:
         queue = tuple(gather(layer_at(sources, unit(j))) for j in range(ahead))
     out_shapes = jax.eval_shape(lambda c, w, e: step(c, w, e)[1], carry, queue[0] if queue else gather(layer_at(sources, 0)),
                                 layer_at(extras, 0))
-    outs = jax.tree.map(lambda s: jnp.zeros((L,) + s.shape, s.dtype), out_shapes)
+    outs = jax.tree.map(lambda s: jnp.zeros((L,) + s.shape, s.dtype), out_shapes) if into is None else into
 
     def compute(state, weights, i):
         carry, outs = state
         carry, out = step(carry, weights, layer_at(extras, i))
+        if into is not None:
+            out = jax.tree.map(lambda a, b: a + b, layer_at(outs, i), out)
         return carry, layer_put(outs, out, i)
 
     def body(state, j):
