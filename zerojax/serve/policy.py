@@ -133,10 +133,14 @@ class ServedPolicy:
         """float32 [H, D_a] in the robot's units: `sample_actions` on the batch from `noise`, cut to
         the dataset's action width and unnormalized with the run's statistics (a batch of rows:
         [B, H, D_a])."""
+        out = self.rows_actions(batch, noise)
+        return out[0] if len(out) == 1 else out
+
+    def rows_actions(self, batch: dict, noise) -> np.ndarray:
+        """`actions` of every row, [B, H, D_a] whatever B."""
         actions = np.asarray(self._sample(self.params, batch, jnp.asarray(noise, jnp.float32)))
         norm = self.norms[ACTION]
-        out = lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
-        return out[0] if len(out) == 1 else out
+        return lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
 
     def infer(self, obs, request: int) -> dict:
         """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
@@ -158,8 +162,7 @@ class ServedPolicy:
         padded = rows + [rows[0]] * (size - len(rows))
         batch = {k: np.concatenate([r[k] for r in padded]) for k in rows[0]}
         noise = np.concatenate([np.asarray(self.noise(q)) for q in requests + [requests[0]] * (size - len(rows))])
-        actions = self.actions(batch, noise)
-        actions = actions[None] if actions.ndim == 2 else actions
+        actions = self.rows_actions(batch, noise)
         return [{"actions": actions[i]} for i in range(len(rows))]
 
     def check(self, obs) -> dict:
