@@ -135,8 +135,34 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     d = cfg.data
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
+    check_normalized_range(dataset, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
     return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
+
+
+NORMALIZED_LIMIT = 1e3  # a quantile-normalized value this far outside [-1, 1] is a collapsed range, not an outlier
+
+
+def check_normalized_range(dataset, norms: dict) -> None:
+    """Refuse quantile statistics that would blow the data up (ConfigError). LeRobot's quantiles
+    are the episodes' own, averaged: a feature constant within each episode but not across them (a
+    goal, a gripper command per task) gets q01 = q99, and eps (1e-8) for a denominator; normalized,
+    its frames reach 1e7 and more, and the run trains, finite, on nothing. LeRobot does the same."""
+    for key, mode in norms.items():
+        if mode not in ("quantiles", "quantile10") or key not in dataset.columns:
+            continue
+        x = dataset.columns[key]
+        ends = normalize(np.stack([x.min(0), x.max(0)]).astype(np.float32), dataset.stats[key], mode)
+        worst = int(np.argmax(np.abs(ends).max(0)))
+        if np.abs(ends[:, worst]).max() > NORMALIZED_LIMIT:
+            lo, hi = meta.STAT_KEYS[mode]
+            setting = f"data.norm_{'state' if key == STATE else 'action'}"
+            raise ConfigError(
+                f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{x[:, worst].min():.4g}, "
+                f"{x[:, worst].max():.4g}] but its {lo} and {hi} are {dataset.stats[key][lo][worst]:.4g} and "
+                f"{dataset.stats[key][hi][worst]:.4g}: {setting}={mode} would map it to "
+                f"[{ends[0, worst]:.3g}, {ends[1, worst]:.3g}] (LeRobot's per-episode quantiles collapse on a "
+                f"feature constant within each episode); set {setting}=mean_std or min_max")
 
 
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
