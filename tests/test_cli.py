@@ -102,7 +102,7 @@ def test_bad_input_from_the_console_exits_2_without_traceback(tmp_path):
     (["train", "optim.lora.rank=-1"], "optim.lora.rank=-1 is not valid; it must be >= 0"),
     (["train", "model.rope_theta=nan"], "model.rope_theta=nan is not valid; it must be a finite number > 0"),
     (["train", "model.norm_eps=inf"], "model.norm_eps=inf is not valid"),
-    (["train", "data.val_fraction=nan"], "data.val_fraction=nan must be between 0 and 1"),
+    (["train", "data.val_fraction=nan"], "data.val_fraction=nan must be between 0 and 1, both excluded"),
     (["train", "precision.loss_scale=inf"], "precision.loss_scale=inf must be 'dynamic', 'none' or a static scale > 0"),
     (["train", "precision.loss_scale=nan"], "precision.loss_scale=nan must be 'dynamic', 'none' or a static scale > 0"),
     (["train", "precision.loss_scale=1e39"], "that float32 holds (<= 3.4e+38)"),

@@ -178,7 +178,8 @@ class DataConfig:
             raise ConfigError(f"data.tokenizer applies to text (data.source=stdlib, a .txt or a .jsonl/.parquet "
                               f"file); data.source={self.source!r} already holds tokens")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1, both excluded (the share "
+                              f"of the data held out for validation; only a lerobot: source may hold out none)")
         if self.val_source and not (rows and is_rows(self.val_source)):
             raise ConfigError(f"data.val_source={self.val_source!r} applies to rows: both it and data.source "
                               f"({self.source!r}) must be .jsonl/.parquet files or `datasets` directories")
