@@ -80,7 +80,7 @@ def as_fixture_steps(steps: list) -> list:
         config = step["config"]
         if step["registry_name"] == "normalizer_processor":
             config["features"] = {**fixture_features, ACTION: config["features"][ACTION]}
-        if step["registry_name"] == "tokenizer_processor":
+        if step["registry_name"] == "tokenizer_processor" and Path(config["tokenizer_name"]).is_dir():
             config["tokenizer_name"] = str(Path(config["tokenizer_name"]).resolve().relative_to(ROOT))
         out.append(step)
     return out
