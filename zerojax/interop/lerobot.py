@@ -204,9 +204,11 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
     return base, stats, data
 
 
-def _data_config(data: dict, image_size: int, modes: dict = DATA_MODES) -> dict:
-    """config.json's features and normalization_mapping for the run's LeRobot dataset (`modes`:
-    what the LeRobot written can normalize with, data.norm_* -> its mode)."""
+def _data_config(data: dict, image_size: int, slots: int, modes: dict = DATA_MODES) -> dict:
+    """config.json's features, normalization_mapping and empty_cameras for the run's LeRobot
+    dataset (`slots`: the model's camera slots, model.action.cameras: those the dataset does not
+    fill are LeRobot's empty cameras, all -1 and masked as zerojax trained them; `modes`: what the
+    LeRobot written can normalize with, data.norm_* -> its mode)."""
     inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
     for key, feature in data["features"].items():
         if key == ACTION:
@@ -221,7 +223,9 @@ def _data_config(data: dict, image_size: int, modes: dict = DATA_MODES) -> dict:
             raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
                               f"{', '.join(modes)} only, so --format lerobot cannot write it")
         mapping[kind] = modes[mode]
-    return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping}
+    empty = slots - sum(key.startswith(CAMERA) for key in inputs)
+    return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping,
+            "empty_cameras": empty}
 
 
 def features_of(config: dict, stats: dict, where: str) -> tuple[dict, dict]:
@@ -282,12 +286,12 @@ def stat_tensors(config: dict, stats: dict) -> dict:
 
 
 def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *,
-         dtype: str = "float32") -> tuple[int, int]:
+         dtype: str = "float32", tokenizer: str = "") -> tuple[int, int]:
     """A LeRobot policy directory at `out` (what `zerojax export --format lerobot` writes):
     config.json, model.safetensors and, in 0.6's layout, the processor files (module docstring).
-    0.3's layout where the run started from a 0.3 checkpoint, else 0.6's. `shapes`: zerojax
-    parameter path -> true shape; `blocks_of(path)` yields a leaf's pieces. Written to `out`.tmp
-    and renamed once complete. Returns (bytes, tensors)."""
+    0.3's layout where the run started from a 0.3 checkpoint, else 0.6's. `shapes`: zerojax path ->
+    true shape; `blocks_of(path)` yields a leaf's pieces; `tokenizer`: the run's data.tokenizer (the
+    processor files name it). Written to `out`.tmp, renamed once complete. Returns (bytes, tensors)."""
     from zerojax.interop.hf import hf_tensors
 
     if out.exists():
@@ -297,8 +301,8 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     config = layout.to_config(model, base)
     v03 = "resize_imgs_with_padding" in config
     if data:
-        config.update(_data_config(data, model["vision"]["image_size"], DATA_MODES if v03 else
-                                   {**DATA_MODES, **QUANTILE_MODES}))
+        config.update(_data_config(data, model["vision"]["image_size"], model["action"]["cameras"],
+                                   DATA_MODES if v03 else {**DATA_MODES, **QUANTILE_MODES}))
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
@@ -338,7 +342,7 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: CENTRED}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     if steps:
-        processors.write(tmp, config, stats, steps)
+        processors.write(tmp, config, stats, steps, tokenizer)
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
 

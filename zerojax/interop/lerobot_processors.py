@@ -6,8 +6,9 @@ saves them).
 
 The steps are those of the checkpoint the run started from where it kept them
 (RUN_DIR/lerobot_init/), else the family's defaults (`LeRobotLayout.processors`); the
-normalizers' features and modes are config.json's, their statistics the run's, and the
-tokenizer's prompt length the model's.
+normalizers' features and modes are config.json's, their statistics the run's, the tokenizer's
+prompt length the model's and its tokenizer the run's data.tokenizer (its directory) where it
+has one.
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ def check_stats(config: dict, stats: dict) -> dict:
     return out
 
 
-def write(out: Path, config: dict, stats: dict, steps: tuple[list, list]) -> None:
-    """The two pipelines' JSON and their normalizers' statistics into directory `out`."""
+def tokenizer_dir(tokenizer: str) -> str:
+    """The directory the tokenizer step names for a run's data.tokenizer (a tokenizer.json or its
+    directory, as the user gave it): transformers' AutoTokenizer loads a directory."""
+    return str(Path(tokenizer).parent) if Path(tokenizer).is_file() else tokenizer
+
+
+def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokenizer: str = "") -> None:
+    """The two pipelines' JSON and their normalizers' statistics into directory `out`; the
+    tokenizer step names `tokenizer`'s directory where the run tokenized with one (data.tokenizer:
+    LeRobot must tokenize the prompt as the model learnt it), else keeps the name it had."""
     from safetensors.numpy import save_file
 
     flat = {f"{feature}.{stat}": value for feature, values in check_stats(config, stats).items()
@@ -75,5 +84,7 @@ def write(out: Path, config: dict, stats: dict, steps: tuple[list, list]) -> Non
                 save_file(flat, out / step["state_file"])
             elif step["registry_name"] == "tokenizer_processor":
                 step["config"]["max_length"] = config["tokenizer_max_length"]
+                if tokenizer:
+                    step["config"]["tokenizer_name"] = tokenizer_dir(tokenizer)
             written.append(step)
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": written}, indent=2))

@@ -5,7 +5,10 @@ model keys config.json and the tensors' shapes imply, and config.json for an exp
 Beside π0's (`pi0_lerobot`): the expert's norms are adaptive (`…layernorm.dense.{weight,bias}`,
 no `weight` of their own), the heads are `action_in_proj`, `action_out_proj`, `time_mlp_in`,
 `time_mlp_out`, and the prompt's embedding is `language_model.embed_tokens` (LeRobot 0.6 saves
-`lm_head` untied beside it and reads only `embed_tokens`).
+`lm_head` untied beside it and reads only `embed_tokens`; an export writes zerojax's one table
+under both, and the expert's unused `lm_head` as π0's). An export's processor steps, where the
+run kept none, are LeRobot 0.6.1's `make_pi05_pre_post_processors`: the normalizer before the
+step that puts the state in the prompt, then the tokenizer.
 """
 
 from __future__ import annotations
@@ -65,5 +68,21 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
     return out
 
 
+def lerobot_processors(config: dict) -> tuple[list, list]:
+    """LeRobot 0.6.1's π0.5 processor steps (`make_pi05_pre_post_processors`), as its
+    policy_preprocessor.json and policy_postprocessor.json list them: π0's, with the normalizer
+    before `pi05_prepare_state_tokenizer_processor_step` (it bins the normalized state into the
+    prompt) and no newline step. The normalizers' features, modes and files are the writer's."""
+    pre, post = pi0_lerobot.lerobot_processors(config)
+    steps = {step["registry_name"]: step for step in pre}
+    pre = [steps[name] for name in ("rename_observations_processor", "to_batch_processor",
+                                    "relative_actions_processor", "normalizer_processor")]
+    pre += [{"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
+            steps["tokenizer_processor"], steps["device_processor"]]
+    return pre, post
+
+
 LEROBOT = LeRobotLayout(type="pi05", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
-                        to_config=to_lerobot_config)
+                        to_config=to_lerobot_config, aliases=pi0_lerobot.EMBED_ALIASES, processors=lerobot_processors,
+                        unused=lambda model: {pi0_lerobot.EXPERT_LM_HEAD: (model["vocab_size"],
+                                                                           model["expert"]["d_model"])})

@@ -158,7 +158,7 @@ def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: 
         return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))
     if fmt == "lerobot":
         return lerobot.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
-                            dtype=dtype)
+                            dtype=dtype, tokenizer=config["data"].get("tokenizer", ""))
     if fmt == "safetensors":
         return _export_safetensors(out, run_dir, config, step, shapes, dtype, blocks_of)
     return _export_hf(out, config["model"], shapes, dtype, max_shard_bytes, blocks_of,
