@@ -41,7 +41,8 @@ from zerojax.models.family import ACTION, STATE
 PARAMS, ASSETS, NORM_STATS = "params", "assets", "norm_stats.json"
 INIT_DIR = "openpi_init"  # RUN_DIR/openpi_init/assets/<asset_id>/norm_stats.json
 FEATURES = {"state": STATE, "actions": ACTION}  # openpi's norm-stat keys -> zerojax's (LeRobot's) features
-STATS = ("mean", "std", "q01", "q99")  # openpi's NormStats: mean and std required, the quantiles optional
+STATS = ("mean", "std", "q01", "q99")
+EPS = 1e-6  # openpi's norms' epsilon, in its code (gemma.RMSNorm; flax's LayerNorm default in siglip.py), in no file  # openpi's NormStats: mean and std required, the quantiles optional
 
 
 def is_openpi_dir(path) -> bool:
@@ -274,6 +275,12 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtyp
     if model["family"] not in layouts:
         raise ConfigError(f"model.family={model['family']}: no openpi layout; --format openpi writes "
                           f"{', '.join(layouts)} runs")
+    eps = {"model.norm_eps": model["norm_eps"], "model.vision.norm_eps": model["vision"]["norm_eps"]}
+    odd = {k: v for k, v in eps.items() if v != EPS}
+    if odd:
+        raise ConfigError(f"{run_dir}: {', '.join(f'{k}={v}' for k, v in odd.items())}; openpi's Gemma and SigLIP "
+                          f"norms compute with eps {EPS} (gemma.py RMSNorm, flax's LayerNorm), so openpi would compute "
+                          "other numbers with these weights")
     assets = _run_assets(Path(run_dir))  # before anything is written
     rules = layouts[model["family"]].rules(model)
     covered = {p for rule in rules for p in rule.zerojax}
