@@ -220,7 +220,6 @@ def test_a_hand_written_tree_lands_where_openpi_uses_each_element(family, tmp_pa
                           ("norm/scale", "PaliGemma/llm/final_norm/scale"),
                           ("layers/vlm/input_layernorm/scale", LLM + "pre_attention_norm/scale"),
                           ("layers/vlm/post_attention_layernorm/scale", LLM + "pre_ffw_norm/scale"),
-                          ("vision_embeddings/patch_embedding/kernel", "PaliGemma/img/embedding/kernel"),
                           ("multi_modal_projector/kernel", "PaliGemma/img/head/kernel"),
                           ("vision_post_layernorm/scale", "PaliGemma/img/Transformer/encoder_norm/scale"),
                           ("vision/layer_norm1/bias", BLOCK + "LayerNorm_0/bias"),
@@ -230,6 +229,8 @@ def test_a_hand_written_tree_lands_where_openpi_uses_each_element(family, tmp_pa
                           ("action_in_proj/kernel", "action_in_proj/kernel"),
                           ("action_out_proj/bias", "action_out_proj/bias")):
         expect(zj, zerojax, tree, name, lambda *i: i)
+    expect(zj, "vision_embeddings/patch_embedding/kernel", tree, "PaliGemma/img/embedding/kernel",  # flax: HWIO
+           lambda x, y, c, e: (y, x, c, e))
     expect(zj, "vision_embeddings/position_embedding/embedding", tree, "PaliGemma/img/pos_embedding",
            lambda i, e: (0, i, e))
     for proj, flax in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):  # BTD,DNH->BTNH

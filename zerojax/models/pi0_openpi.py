@@ -12,7 +12,8 @@ openpi's tree (layer axis L first: the Gemma and SigLIP blocks are `nn.scan`ned)
     PaliGemma/llm/layers/mlp/gating_einsum        [L, 2, D, F]     (gate, up)
     PaliGemma/llm/layers/mlp/linear               [L, F, D]
     PaliGemma/llm/layers/pre_attention_norm/scale, pre_ffw_norm/scale [L, D]; final_norm/scale [D]
-    PaliGemma/img/embedding/{kernel [P, P, 3, E], bias}, pos_embedding [1, N_patches, E]
+    PaliGemma/img/embedding/{kernel [P (y), P (x), 3, E]: flax's Conv, HWIO; zerojax's is [x, y, ...], bias},
+        pos_embedding [1, N_patches, E]
     PaliGemma/img/Transformer/encoderblock/{LayerNorm_0, LayerNorm_1, MlpBlock_0/Dense_{0,1},
         MultiHeadDotProductAttention_0/{query, key, value} (kernel [L, E, heads, hd]), out ([L, heads, hd, E])}
     PaliGemma/img/Transformer/encoder_norm, PaliGemma/img/head (the projector [E, D])
@@ -60,7 +61,9 @@ def split_middle(n: int) -> tuple:
 def siglip_rules(heads: int) -> list[Rule]:
     """The tower: So400m's scanned encoder blocks, its stem and its norm, the projector."""
     attn = BLOCK + "MultiHeadDotProductAttention_0/"
-    out = [*linear("vision_embeddings/patch_embedding", IMG + "embedding"),
+    swap = lambda xp, k: (xp.transpose(k, (1, 0, 2, 3)),)  # noqa: E731 - zerojax's [P (x), P (y), C, E], flax's HWIO
+    out = [Rule(("vision_embeddings/patch_embedding/kernel",), (IMG + "embedding/kernel",), swap, swap),
+           same("vision_embeddings/patch_embedding/bias", IMG + "embedding/bias"),
            reshaped("vision_embeddings/position_embedding/embedding", IMG + "pos_embedding",
                     lambda s: (1, *s), lambda s: s[1:]),
            same("vision_post_layernorm/scale", IMG + "Transformer/encoder_norm/scale"),
