@@ -12,6 +12,7 @@ import struct
 import typing
 from pathlib import Path
 
+from zerojax.config import openpi_dir as openpi_files
 from zerojax.config.sections import ModelConfig
 from zerojax.config.values import coerce
 from zerojax.errors import ConfigError
@@ -135,14 +136,12 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
 
 def openpi_model_keys(directory: str, given: dict) -> dict:
     """The model.* values of an openpi checkpoint directory, from its tree's shapes through the
-    layout of the family whose heads it has (`interop.openpi`; ConfigError if model.family
+    layout of the family whose heads it has (`config.openpi_dir`; ConfigError if model.family
     names another, or the directory lacks params/ or assets/)."""
-    from zerojax.interop import openpi  # orbax, and jax: only for an openpi directory
-
     where = f"model.init_from={directory}"
-    shapes = openpi.tree_shapes(directory)
-    openpi.read_assets(directory)
-    family = openpi.family_of(shapes, where, given.get("family"))
+    shapes = openpi_files.tree_shapes(directory)  # orbax, and jax: only for an openpi directory
+    openpi_files.read_assets(directory)
+    family = openpi_files.family_of(shapes, where, given.get("family"))
     out = registry.openpi_layouts()[family].model_keys(shapes, where, given)
     try:
         out = _coerced("model", out, ModelConfig)

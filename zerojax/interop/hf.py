@@ -42,6 +42,7 @@ from zerojax.models import registry
 from zerojax.models.family import Tensor
 from zerojax.models.protocol import Units
 from zerojax.optim.lora import is_adapter
+from zerojax.interop.openpi_tree import TreeCheckpoint
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill, shard_plan
 
 
@@ -134,8 +135,6 @@ def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: t
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
     if kind == OPENPI:  # an openpi params/ tree, seen as zerojax's leaves through its family's rules
-        from zerojax.interop.openpi import TreeCheckpoint
-
         ckpt = TreeCheckpoint(init_from, family)
         table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
         check(ckpt, plan, table, ())

@@ -11,9 +11,10 @@ save_state`) and its released checkpoints hold:
     DIR/assets/<asset_id>/norm_stats.json   {"norm_stats": {"state": {mean, std, q01, q99}, "actions": ...}}
                                          (`shared/normalize.py`; asset_id may hold a "/")
 
-In: `model.init_from=DIR`. The model's keys come from the tree's shapes (`model_keys`, through the
-family whose heads the tree has; a model.family that contradicts it is refused); the shapes are
-checked from orbax's metadata before anything is read or compiled (`TreeCheckpoint`); the tree is
+In: `model.init_from=DIR`. The model's keys come from the tree's shapes (`config.openpi_dir`,
+through the family whose heads the tree has; a model.family that contradicts it is refused); the
+shapes are checked from orbax's metadata before anything is read or compiled
+(`openpi_tree.TreeCheckpoint`); the tree is
 read whole, on the host, on the first read (as openpi's `restore_params` does), and each device
 takes its slices from it (`interop.hf.sharded_params`). A tree with leaves no rule reads (openpi's
 LoRA `lora_a`/`lora_b`) is refused, not half-read. The run keeps assets/ in RUN_DIR/openpi_init/.
@@ -34,87 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
+from zerojax.config.openpi_dir import ASSETS, INIT_DIR, NORM_STATS, PARAMS, STATS, read_assets
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, STATE
 
-PARAMS, ASSETS, NORM_STATS = "params", "assets", "norm_stats.json"
-INIT_DIR = "openpi_init"  # RUN_DIR/openpi_init/assets/<asset_id>/norm_stats.json
 FEATURES = {"state": STATE, "actions": ACTION}  # openpi's norm-stat keys -> zerojax's (LeRobot's) features
-STATS = ("mean", "std", "q01", "q99")
-EPS = 1e-6  # openpi's norms' epsilon, in its code (gemma.RMSNorm; flax's LayerNorm default in siglip.py), in no file  # openpi's NormStats: mean and std required, the quantiles optional
-
-
-def is_openpi_dir(path) -> bool:
-    """`path` is meant as an openpi checkpoint directory: no config.json, and params/ or assets/."""
-    path = Path(path)
-    return not (path / "config.json").exists() and ((path / PARAMS).exists() or (path / ASSETS).is_dir())
-
-
-def _orbax_tree(params: Path):
-    """orbax's metadata tree of a PyTree checkpoint (a dict in openpi's orbax, StepMetadata in newer ones)."""
-    import orbax.checkpoint as ocp
-
-    with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(params)
-    meta = getattr(meta, "item_metadata", meta)
-    return getattr(meta, "tree", meta)
-
-
-def _flat(tree, prefix: str = "") -> dict:
-    """A nested dict's leaves by "/"-joined path, the root "params" and nnx's trailing "value" dropped."""
-    out = {}
-    for key, value in tree.items():
-        path = f"{prefix}/{key}" if prefix else str(key)
-        out.update(_flat(value, path) if isinstance(value, dict) else {path: value})
-    if prefix:
-        return out
-    flat = {k.removeprefix(f"{PARAMS}/"): v for k, v in out.items()}
-    if flat and all(k.endswith("/value") for k in flat):
-        flat = {k.removesuffix("/value"): v for k, v in flat.items()}
-    return flat
-
-
-def tree_shapes(directory) -> dict:
-    """openpi path -> shape of DIR/params (ConfigError if there is none, or it is not orbax's)."""
-    params = Path(directory) / PARAMS
-    if not params.is_dir():
-        raise ConfigError(f"model.init_from={str(directory)!r}: no {PARAMS}/ directory; an openpi checkpoint holds "
-                          f"its weights in {PARAMS}/ (an orbax tree) beside {ASSETS}/<asset_id>/{NORM_STATS}")
-    try:
-        tree = _orbax_tree(params)
-        shapes = {k: tuple(v.shape) for k, v in _flat(tree).items()}
-    except Exception as err:  # noqa: BLE001 - orbax fails in many ways on a directory that is not its own
-        raise ConfigError(f"{params} is not an orbax checkpoint ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:160] if str(err) else ''})") from None
-    if not shapes:
-        raise ConfigError(f"{params}: an orbax checkpoint without parameters")
-    return shapes
-
-
-def read_assets(directory) -> dict:
-    """{asset_id: {openpi key ("state", "actions"): {stat: float32 array}}} of DIR/assets
-    (ConfigError if there are none, or a file is not openpi's `normalize.save`'s)."""
-    assets = Path(directory) / ASSETS
-    files = sorted(assets.rglob(NORM_STATS)) if assets.is_dir() else []
-    if not files:
-        raise ConfigError(f"model.init_from={str(directory)!r}: no {ASSETS}/<asset_id>/{NORM_STATS}; an openpi "
-                          "checkpoint keeps its normalization statistics there, beside params/ (openpi's training "
-                          "writes them with each step)")
-    out = {}
-    for path in files:
-        try:
-            doc = json.loads(path.read_text())["norm_stats"]
-            out[str(path.parent.relative_to(assets))] = {
-                key: {s: np.asarray(v[s], np.float32) for s in STATS if v.get(s) is not None} for key, v in doc.items()}
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
-            raise ConfigError(f"{path} is not openpi's norm_stats.json ({{\"norm_stats\": {{\"state\": {{\"mean\": "
-                              f"[...], \"std\": [...], ...}}}}}}: {type(err).__name__}: {err})") from None
-        missing = [f"{key}.{s}" for key, v in out[str(path.parent.relative_to(assets))].items()
-                   for s in ("mean", "std") if s not in v]
-        if missing:
-            raise ConfigError(f"{path}: no {', '.join(missing)} (openpi's NormStats requires mean and std)")
-    return out
+EPS = 1e-6  # openpi's norms' epsilon, in its code (gemma.RMSNorm; flax's LayerNorm default in siglip.py), in no file
 
 
 def norm_stats(directory, asset_id: str | None = None) -> dict:
@@ -127,87 +54,11 @@ def norm_stats(directory, asset_id: str | None = None) -> dict:
     return {FEATURES.get(key, key): value for key, value in stats.items()}
 
 
-def family_of(shapes: dict, where: str, given: str | None) -> str:
-    """The family whose heads the tree has; ConfigError if none, or if model.family says another."""
-    layouts = registry.openpi_layouts()
-    if given and given not in layouts:
-        raise ConfigError(f"model.family={given}: no openpi layout; zerojax reads openpi's "
-                          f"{', '.join(layouts)} trees")
-    has = lambda head: any(k.startswith(head + "/") for k in shapes)  # noqa: E731
-    found = [name for name, layout in layouts.items() if all(has(h) for h in layout.heads)]
-    if not found:
-        heads = "; ".join(f"{name}: {', '.join(layout.heads)}" for name, layout in layouts.items())
-        raise ConfigError(f"{where}: an openpi tree of no family zerojax reads (their heads: {heads})")
-    if given and given != found[0]:
-        raise ConfigError(f"model.family={given}, but {where} is an openpi {found[0]} tree (it has "
-                          f"{', '.join(layouts[found[0]].heads)}); set model.family={found[0]} or leave it out")
-    return found[0]
-
-
 def init_files(directory) -> dict:
     """RUN_DIR/openpi_init/'s files (name -> bytes): the checkpoint's assets, as they are."""
     read_assets(directory)
     assets = Path(directory) / ASSETS
     return {f"{INIT_DIR}/{ASSETS}/{p.relative_to(assets)}": p.read_bytes() for p in sorted(assets.rglob(NORM_STATS))}
-
-
-class TreeCheckpoint:
-    """An openpi params/ tree seen as zerojax's leaves, through its family's rules (the reading
-    side of `interop.safetensors.Checkpoint`'s interface): the shapes from orbax's metadata
-    (jax.eval_shape of each rule), the tree read whole on the first `read`."""
-
-    def __init__(self, directory: str, family: str):
-        import jax
-
-        self.directory, where = directory, f"model.init_from={directory}"
-        self.openpi_shapes = tree_shapes(directory)
-        family_of(self.openpi_shapes, where, family)
-        layout = registry.openpi_layouts()[family]
-        self.rules = layout.rules(layout.model_keys(self.openpi_shapes, where, {}))
-        used = {name for rule in self.rules for name in rule.openpi}
-        missing = sorted(used - set(self.openpi_shapes))
-        if missing:
-            raise ConfigError(f"{where}: no leaf {missing[0]!r} in {PARAMS}/, which the {family} model needs")
-        extra = sorted(set(self.openpi_shapes) - used)
-        if extra:
-            raise ConfigError(f"{where}: {PARAMS}/ holds {len(extra)} leaves the {family} model has no place for "
-                              f"(e.g. {extra[0]!r}; LoRA adapters of an openpi *_lora config?); zerojax reads none of "
-                              "a tree it cannot read all of")
-        self.shapes, self._arrays = {}, None
-        for rule in self.rules:
-            specs = [jax.ShapeDtypeStruct(self.openpi_shapes[n], np.float32) for n in rule.openpi]
-            out = jax.eval_shape(lambda *a, rule=rule: rule.from_openpi(jax.numpy, *a), *specs)
-            self.shapes.update({path: tuple(o.shape) for path, o in zip(rule.zerojax, out)})
-
-    def resolve(self, name: str) -> str | None:
-        return name if name in self.shapes else None
-
-    def read(self, name: str, index: tuple) -> np.ndarray:
-        """The fp32 slice `index` of zerojax leaf `name` (the whole tree converted on the first call)."""
-        if self._arrays is None:
-            self._arrays = self._convert()
-        return self._arrays[name][index]
-
-    def _convert(self) -> dict:
-        tree = read_tree(self.directory)
-        out = {}
-        for rule in self.rules:
-            values = rule.from_openpi(np, *[tree.pop(n) for n in rule.openpi])
-            out.update({path: np.ascontiguousarray(v, np.float32) for path, v in zip(rule.zerojax, values)})
-        return out
-
-
-def read_tree(directory) -> dict:
-    """openpi path -> float32 numpy array of DIR/params, read whole (bf16 leaves widened)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    params = Path(directory) / PARAMS
-    tree = _orbax_tree(params)
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(params, ocp.args.PyTreeRestore(item=tree, restore_args=args))
-    return {k: np.asarray(v, np.float32) for k, v in _flat(restored).items()}
 
 
 # ---------------------------------------------------------------------------------------------
