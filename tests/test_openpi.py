@@ -291,16 +291,18 @@ def bad_copy(hand_written, tmp_path, drop: str = "", add_lora: bool = False):
     ("params", [], "no params/ directory; an openpi checkpoint holds its weights in params/"),
     ("assets", [], "no assets/<asset_id>/norm_stats.json; an openpi checkpoint keeps its normalization statistics"),
     ("family", ["model.family=pi05"], "model.family=pi05, but model.init_from="),
+    ("size", ["model.d_model=64"], "model.d_model=64 contradicts {dir}/params, which says 12"),
     ("lora", [], "holds 1 leaves the pi0 model has no place for (e.g. 'PaliGemma/llm/layers/attn/q_einsum/lora_a'"),
 ])
 def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, hand_written, tmp_path, capsys):
     directory = bad_copy(hand_written, tmp_path, case if case in ("params", "assets") else "", case == "lora") \
-        if case != "family" else hand_written
+        if case not in ("family", "size") else hand_written
     code = cli.main(["train", f"model.init_from={directory}", *extra, "model.action.horizon=2",
                      "model.action.prompt_len=64", "model.action.action_dim=2", "model.action.cameras=2",
                      "data.image_size=8", "data.action_horizon=2", "data.prompt_len=64", f"data.source=lerobot:{DATASET}",
                      "train.global_batch=8", f"train.out_dir={tmp_path / 'run'}", "train.steps=1"])
     err = capsys.readouterr().err.strip().splitlines()
+    message = message.format(dir=directory)
     assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:") and message in err[0], err
     assert not (tmp_path / "run").exists()
     if case == "family":
