@@ -1,5 +1,7 @@
 """openpi checkpoints in and out (`model.init_from=DIR`, `zerojax export --format openpi`) for π0
-and π0.5: a run's export reads back to the same parameters and losses; a tree written here by
+and π0.5: the tree zerojax writes has the paths and shapes of the one openpi's own code builds
+(tests/fixtures/openpi/tree_shapes.json, scripts/fixtures/make_openpi_shapes.py); a run's export
+reads back to the same parameters and losses; a tree written here by
 hand with openpi's names and shapes (from openpi's `gemma.py`, `siglip.py`, `pi0.py`), every leaf
 of distinct values, lands each element where openpi's einsums use it; bad directories are refused
 with one line before anything compiles."""
@@ -7,6 +9,7 @@ with one line before anything compiles."""
 import json
 
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -307,3 +310,35 @@ def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, han
     assert not (tmp_path / "run").exists()
     if case == "family":
         assert "is an openpi pi0 tree (it has state_proj, action_time_mlp_in); set model.family=pi0" in err[0]
+
+
+@pytest.mark.parametrize("family", ["pi0", "pi05"])
+def test_the_tree_has_the_paths_and_shapes_openpi_builds(family):
+    """openpi's own Pi0 (gemma "dummy" sizes, So400m/14) gave the fixture's tree: the model keys
+    read from it build a zerojax model whose rules write exactly that tree, and read it back to
+    the model's shapes; every zerojax parameter is in exactly one rule."""
+    from zerojax.config.hf_config import _coerced
+    from zerojax.config.sections import ModelConfig
+    from zerojax.models import registry
+    from zerojax.precision import Policy
+
+    openpi_tree = {k: tuple(v) for k, v in json.loads((ROOT / "tests" / "fixtures" / "openpi" / "tree_shapes.json")
+                                                       .read_text())[family].items()}
+    layout = registry.openpi_layouts()[family]
+    keys = layout.model_keys(openpi_tree, "fixture", {})
+    assert (keys["d_model"], keys["n_heads"], keys["head_dim"], keys["expert"]["d_model"], keys["vision"]["n_heads"],
+            keys["vision"]["image_size"]) == (64, 8, 16, 64, 16, 224)
+    cfg = ModelConfig(**_coerced("model", keys, ModelConfig))
+    model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), 0))
+    ours = {"/".join(map(str, k)): tuple(v.shape) for k, v in
+            jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]
+            for k in [[getattr(p, "key", p) for p in k]]}
+    written, read = {}, {}
+    for rule in layout.rules(keys):
+        specs = [jax.ShapeDtypeStruct(ours[p], np.float32) for p in rule.zerojax]
+        written.update(zip(rule.openpi, (o.shape for o in jax.eval_shape(lambda *a, r=rule: r.to_openpi(jnp, *a), *specs))))
+        back = [jax.ShapeDtypeStruct(openpi_tree[n], np.float32) for n in rule.openpi]
+        read.update(zip(rule.zerojax, (o.shape for o in jax.eval_shape(lambda *a, r=rule: r.from_openpi(jnp, *a), *back))))
+    assert sum(len(r.zerojax) for r in layout.rules(keys)) == len(ours)
+    assert written == openpi_tree
+    assert read == ours
