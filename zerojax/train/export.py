@@ -154,14 +154,14 @@ def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: di
 def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
            max_shard_bytes: int, blocks_of) -> tuple[int, int]:
     """(bytes written, tensors) of the export of `shapes` in `fmt`, each leaf's blocks from `blocks_of`."""
+    if fmt == "openpi":
+        return openpi.save(out, Path(run_dir), config["model"], shapes, blocks_of, dtype=dtype)
     if fmt == "peft":
         stacked = _stacked(config["model"])
         return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))
     if fmt == "lerobot":
         return lerobot.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
                             dtype=dtype)
-    if fmt == "openpi":
-        return openpi.save(out, Path(run_dir), config["model"], shapes, blocks_of, dtype=dtype)
     if fmt == "safetensors":
         return _export_safetensors(out, run_dir, config, step, shapes, dtype, blocks_of)
     return _export_hf(out, config["model"], shapes, dtype, max_shard_bytes, blocks_of,
