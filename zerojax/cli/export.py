@@ -15,14 +15,15 @@ HELP = "a run's (sharded) checkpoint as one safetensors file or a Hugging Face d
 def arguments(export: Parser) -> None:
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("--out", required=True,
-                        help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft, lerobot)")
+                        help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft, lerobot, openpi)")
     export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
                              "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
                              "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.6's layout with "
-                             "processor files; 0.3's for a run that started from a 0.3 checkpoint)")
+                             "processor files; 0.3's for a run that started from a 0.3 checkpoint); openpi: a pi0 or pi05 run "
+                             "as openpi's restore_params loads it (params/ orbax tree, assets/ norm_stats.json)")
     export.add_argument("--merge", action="store_true",
-                        help="hf or lerobot, of a LoRA run: the adapters merged into the weights")
+                        help="hf, lerobot or openpi, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
                         help="hf: the largest safetensors shard, e.g. 5GB (default), 500M")
     export.add_argument("--dtype", choices=rules.EXPORT_DTYPES, default="float32")

@@ -12,6 +12,7 @@ import struct
 import typing
 from pathlib import Path
 
+from zerojax.config import openpi_dir as openpi_files
 from zerojax.config.sections import ModelConfig
 from zerojax.config.values import coerce
 from zerojax.errors import ConfigError
@@ -66,16 +67,23 @@ def lerobot_dir(directory) -> bool:
     return where.is_file() and is_lerobot(read_json_object(where, "a config"))
 
 
-LEROBOT, HUGGING_FACE, EXPORT = "lerobot", "hf", "export"  # what model.init_from can name
+LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "export", "openpi"  # what model.init_from can name
+
+
+def openpi_dir(directory) -> bool:
+    """`directory` is meant as an openpi checkpoint: no config.json, and params/ or assets/."""
+    path = Path(directory)
+    return not (path / "config.json").exists() and ((path / "params").exists() or (path / "assets").is_dir())
 
 
 def init_source(init_from) -> str:
     """What `model.init_from` names, decided here alone: a LeRobot policy directory (config.json
-    with "type"), a Hugging Face model directory, or a file (a `zerojax export`); ConfigError if
-    there is nothing there. Its files are read and checked by their readers."""
+    with "type"), an openpi checkpoint directory (params/, assets/), a Hugging Face model
+    directory, or a file (a `zerojax export`); ConfigError if there is nothing there. Its files
+    are read and checked by their readers."""
     path = Path(init_from)
     if path.is_dir():
-        return LEROBOT if lerobot_dir(path) else HUGGING_FACE
+        return LEROBOT if lerobot_dir(path) else OPENPI if openpi_dir(path) else HUGGING_FACE
     if not path.is_file():
         raise ConfigError(f"model.init_from={str(init_from)!r}: no such file or directory")
     return EXPORT
@@ -126,15 +134,34 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
     return out
 
 
+def openpi_model_keys(directory: str, given: dict) -> dict:
+    """The model.* values of an openpi checkpoint directory, from its tree's shapes through the
+    layout of the family whose heads it has (`config.openpi_dir`; ConfigError if model.family
+    names another, or the directory lacks params/ or assets/)."""
+    where = f"model.init_from={directory}"
+    shapes = openpi_files.tree_shapes(directory)  # orbax, and jax: only for an openpi directory
+    openpi_files.read_assets(directory)
+    family = openpi_files.family_of(shapes, where, given.get("family"))
+    out = registry.openpi_layouts()[family].model_keys(shapes, where, given)
+    try:
+        out = _coerced("model", out, ModelConfig)
+        ModelConfig(**out)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return out
+
+
 def hf_model_keys(directory: str, given: dict | None = None) -> dict:
     """The model.* values a Hugging Face directory's config.json implies, or a LeRobot policy
     directory's (ConfigError if it cannot be read or describes a model zerojax does not have).
     `given`: the model keys the user set, which a LeRobot checkpoint may need (`lerobot_model_keys`)."""
     where = Path(directory) / "config.json"
+    if openpi_dir(directory):
+        return openpi_model_keys(directory, given or {})
     if not where.is_file():
         raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
-                          "model directory (config.json and model.safetensors), a LeRobot policy directory or a "
-                          "zerojax export file")
+                          "model directory (config.json and model.safetensors), a LeRobot policy directory, an "
+                          "openpi checkpoint directory (params/ and assets/) or a zerojax export file")
     hf, architectures = read_json_object(where, "a Hugging Face config"), registry.hf_architectures()
     if is_lerobot(hf):
         return lerobot_model_keys(directory, hf, given or {})

@@ -178,7 +178,8 @@ def _from_hugging_face(tree: dict) -> None:
 
 def _agree(key: str, given: Any, value: Any, directory: str) -> None:
     if given is not None and given != value:
-        raise ConfigError(f"model.{key}={given!r} contradicts {directory}/config.json, which says "
+        source = "config.json" if (Path(directory) / "config.json").is_file() else "params"  # params: openpi's tree
+        raise ConfigError(f"model.{key}={given!r} contradicts {directory}/{source}, which says "
                           f"{value!r}; drop the override (or use another checkpoint)")
 
 

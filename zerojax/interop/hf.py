@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 from zerojax import data
 from zerojax.config import ModelConfig, hf_model_keys
-from zerojax.config.hf_config import HUGGING_FACE, LEROBOT, init_source
+from zerojax.config.hf_config import HUGGING_FACE, LEROBOT, OPENPI, init_source
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
@@ -42,6 +42,7 @@ from zerojax.models import registry
 from zerojax.models.family import Tensor
 from zerojax.models.protocol import Units
 from zerojax.optim.lora import is_adapter
+from zerojax.interop.openpi_tree import TreeCheckpoint
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill, shard_plan
 
 
@@ -133,6 +134,11 @@ def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: t
         ckpt, table = Checkpoint([path / "model.safetensors"], init_from, aliases=layout.aliases), layout.tensors
         check(ckpt, plan, table, stacked)
         return ckpt, table, stacked
+    if kind == OPENPI:  # an openpi params/ tree, seen as zerojax's leaves through its family's rules
+        ckpt = TreeCheckpoint(init_from, family)
+        table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
+        check(ckpt, plan, table, ())
+        return ckpt, table, ()
     if kind == HUGGING_FACE:
         layout = registry.hf_layout(family)
         ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors

@@ -9,6 +9,7 @@
         check_config=check_config,    # its rules on a ModelConfig (ConfigError), beyond the generic ones
         hf=HfLayout(...),             # optional: its Hugging Face architectures, config.json keys, tensor table
         lerobot=LeRobotLayout(...),   # optional: its LeRobot policy type, model keys, tensor table
+        openpi=OpenpiLayout(...),     # optional: its openpi `params/` tree (leaf rules, model keys)
         adapter=PolicyAdapter(...),   # a policy: observation features -> its batch (training, serve, rollout)
     )
 
@@ -92,6 +93,28 @@ class LeRobotLayout:
     unused: Callable[[dict], dict] | None = None
 
 
+class Rule(NamedTuple):
+    """Zerojax leaves <-> the openpi leaves that hold them (`OpenpiLayout`), both ways: each
+    function takes (xp, *arrays) with xp numpy or jax.numpy (shapes are checked with
+    jax.eval_shape before anything is read) and returns the other side's arrays, in order."""
+
+    zerojax: tuple[str, ...]  # zerojax parameter paths (a stacked leaf with its layer axis)
+    openpi: tuple[str, ...]  # openpi tree paths, "/"-joined ("PaliGemma/llm/layers/attn/q_einsum/w")
+    to_openpi: Callable
+    from_openpi: Callable
+
+
+@dataclass(frozen=True)
+class OpenpiLayout:
+    """A family's openpi checkpoints (a `params/` orbax tree beside `assets/<id>/norm_stats.json`):
+    what `zerojax.interop.openpi` reads and writes for it."""
+
+    heads: tuple[str, ...]  # top-level leaves only this family's tree has: which family a tree is
+    # (openpi path -> shape, the tree's path, the model keys the user gave) -> model.* keys; ConfigError if none
+    model_keys: Callable[[dict, str, dict], dict]
+    rules: Callable[[dict], list]  # a model section (dict) -> its `Rule`s, every parameter in exactly one
+
+
 def at_least(key: str, value: float, low: float) -> None:
     """A family's config key is at least `low` (ConfigError naming it; NaN fails too)."""
     if not value >= low:
@@ -135,6 +158,7 @@ class Family:
     check_config: Callable[[Any], None]
     hf: HfLayout | None = None
     lerobot: LeRobotLayout | None = None
+    openpi: OpenpiLayout | None = None
     adapter: PolicyAdapter | None = None
 
     def __post_init__(self):

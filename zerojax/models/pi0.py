@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, protocol, rtc, siglip
+from zerojax.models import attention, gemma, pi0_batch, pi0_lerobot, pi0_openpi, protocol, rtc, siglip
 from zerojax.models.vla import linear as _linear, time_embedding
 from zerojax.models.family import POLICY, Family
 from zerojax.models.llama import MLP, _dense, rope
@@ -397,4 +397,4 @@ def check_config(cfg) -> None:
 
 
 FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=pi0_lerobot.LEROBOT,
-                adapter=pi0_batch.ADAPTER)
+                openpi=pi0_openpi.OPENPI, adapter=pi0_batch.ADAPTER)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zerojax.models import attention, pi0, pi05_batch, pi05_lerobot, siglip
+from zerojax.models import attention, pi0, pi05_batch, pi05_lerobot, pi05_openpi, siglip
 from zerojax.models.family import POLICY, Family
 from zerojax.models.pi0 import Shape, Stream
 from zerojax.models.vla import linear, time_embedding
@@ -158,4 +158,4 @@ def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> Pi05:
 
 
 FAMILY = Family(kind=POLICY, build=build, check_config=pi0.check_config, lerobot=pi05_lerobot.LEROBOT,
-                adapter=pi05_batch.ADAPTER)
+                openpi=pi05_openpi.OPENPI, adapter=pi05_batch.ADAPTER)

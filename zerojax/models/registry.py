@@ -100,6 +100,11 @@ def lerobot_layout(family_name: str):
                       f"{', '.join(lerobot_layouts()) or 'none'} policies")
 
 
+def openpi_layouts() -> dict:
+    """model.family -> its openpi layout (a `family.OpenpiLayout`), for the families that have one."""
+    return {name: family(name).openpi for name in FAMILIES if family(name).openpi is not None}
+
+
 def users_callable(spec: str, where: str) -> Callable:
     """The callable `module:name` of the user's (a model's or a data source's factory), the
     current directory on sys.path as `python -m` has it; ConfigError naming `where` if it cannot

@@ -17,6 +17,7 @@ from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
 from zerojax.interop import lerobot
+from zerojax.interop import openpi
 from zerojax.interop import peft
 from zerojax.interop import safetensors as safetensors_io
 from zerojax.train import model as model_lib
@@ -134,11 +135,11 @@ def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: di
     if fmt == "peft" and not adapters:
         raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
                           "use --format hf or --format safetensors")
-    if merge and (fmt not in ("hf", "lerobot") or not adapters):
-        raise ConfigError("--merge merges a LoRA run's adapters into the weights: it needs --format hf or lerobot "
-                          "and a run trained with optim.lora.rank > 0")
-    if fmt == "lerobot" and adapters and not merge:
-        raise ConfigError(f"{run_dir} holds LoRA adapters, which LeRobot's π0 does not load: --format lerobot "
+    if merge and (fmt not in ("hf", "lerobot", "openpi") or not adapters):
+        raise ConfigError("--merge merges a LoRA run's adapters into the weights: it needs --format hf, lerobot or "
+                          "openpi and a run trained with optim.lora.rank > 0")
+    if fmt in ("lerobot", "openpi") and adapters and not merge:
+        raise ConfigError(f"{run_dir} holds LoRA adapters, which {fmt}'s checkpoint does not hold: --format {fmt} "
                           "--merge writes the model with them merged in")
     trained_base = [p for p in shapes if not is_adapter(p) and p not in meta.get("frozen", shapes)]
     if fmt == "peft" and trained_base:
@@ -153,6 +154,8 @@ def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: di
 def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
            max_shard_bytes: int, blocks_of) -> tuple[int, int]:
     """(bytes written, tensors) of the export of `shapes` in `fmt`, each leaf's blocks from `blocks_of`."""
+    if fmt == "openpi":
+        return openpi.save(out, Path(run_dir), config["model"], shapes, blocks_of, dtype=dtype)
     if fmt == "peft":
         stacked = _stacked(config["model"])
         return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))

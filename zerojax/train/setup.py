@@ -22,6 +22,7 @@ from zerojax.config import hf_config
 from zerojax.errors import ConfigError
 from zerojax.interop import hf
 from zerojax.interop import lerobot
+from zerojax.interop import openpi
 from zerojax.interop import peft
 from zerojax.models import protocol
 from zerojax.parallel import mesh as mesh_lib
@@ -55,6 +56,8 @@ def init_source_of(cfg: Config, engine: step_lib.Engine) -> InitSource:
         # A LeRobot policy's config.json and statistics: the run keeps them, for the export.
         if hf_config.init_source(model.init_from) == hf_config.LEROBOT:
             files = lerobot.init_files(model.init_from)
+        elif hf_config.init_source(model.init_from) == hf_config.OPENPI:  # its assets/, for the export
+            files = openpi.init_files(model.init_from)
     if lora.init_from:
         peft.init_adapters(lora.init_from, plan, None, model.family, names,
                            dataclasses.asdict(lora), model_lib.lora_settings(model, lora), build=False)
