@@ -249,22 +249,30 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
     assert 0 < rates["mfu"] < 1e-3
 
 
-def test_pi0_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
-    import pi0_memory  # scripts/bench/pi0_memory.py: the README's π0 memory tables
+def test_policy_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
+    import policy_memory  # scripts/bench/policy_memory.py: the README's π0 and π0.5 memory tables
 
     GB = 1e9
-    peaks = {"full": (64.8, 33.9, 20.6, 14.2), "full+offload=optimizer": (43.7, 23.0, 15.1, 11.2),
-             "full+offload=optimizer+master": (45.4, 22.7, 13.3, 10.3), "lora16": (24.3, 16.0, 10.6, 8.2)}
+    peaks = {"full": (64.8, 33.9, 20.6, 14.2), "offload_optimizer": (43.7, 23.0, 15.1, 11.2),
+             "offload_optimizer_master": (45.4, 22.7, 13.3, 10.3), "lora16": (24.3, 16.0, 10.6, 8.2)}
     row = lambda peak: {"peak_bytes": peak * GB, "formula_bytes": 1.0, "host_argument_bytes": 0}
-    doc = {"mem_fraction": 0.75, "runs": {pi0_memory.key(name, n): {"stages": {"3": row(p)}}
-                                          for name, ps in peaks.items() for n, p in zip(pi0_memory.DEVICES, ps)}}
+    doc = {"mem_fraction": 0.75, "recipes": list(policy_memory.PI0_RECIPES), "cards_gb": [24, 48, 80],
+           "runs": {policy_memory.key(name, n): {"stages": {"0": row(p), "3": row(p)} if n > 1 and "lora" in name
+                                                 else {"3": row(p)}}
+                    for name, ps in peaks.items() for n, p in zip(policy_memory.DEVICES, ps)}}
     doc["runs"]["full@1"]["stages"] = {"0": row(64.8)}  # one device: its only compile, stage 0
+    for n, p in zip((2, 4, 8), (64.0, 63.0, 62.0)):
+        doc["runs"][f"full@{n}"]["stages"]["0"] = row(p)
     budget = lambda card, fraction: fraction * card * GB - GB
-    assert pi0_memory.smallest(doc, "full", budget(24, 0.75)) == 8  # 17.0 GB: only 8 devices' 14.2
-    assert pi0_memory.smallest(doc, "full", budget(24, 0.95)) == 4  # 21.8 GB: 4 devices' 20.6
-    assert pi0_memory.smallest(doc, "full", budget(80, 0.95)) == 1  # 75 GB: one device's 64.8
-    assert pi0_memory.smallest(doc, "full", budget(16, 0.75)) is None
-    assert pi0_memory.smallest(doc, "full+offload=optimizer", budget(80, 0.75)) == 1
-    lines = pi0_memory.markdown(doc).splitlines()
-    assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 4 devices | 4 devices |" in lines
-    assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device |" in lines
+    assert policy_memory.smallest(doc, "full", budget(24, 0.75)) == 8  # 17.0 GB: only 8 devices' 14.2
+    assert policy_memory.smallest(doc, "full", budget(24, 0.95)) == 4  # 21.8 GB: 4 devices' 20.6
+    assert policy_memory.smallest(doc, "full", budget(80, 0.95)) == 1  # 75 GB: one device's 64.8
+    assert policy_memory.smallest(doc, "full", budget(16, 0.75)) is None
+    assert policy_memory.smallest(doc, "offload_optimizer", budget(80, 0.75)) == 1
+    lines = policy_memory.markdown(doc).splitlines()
+    assert lines[0].startswith("| devices | full, stage 0: states / peak | full, stage 3: states / peak | LoRA r16, "
+                               "stage 0: states / peak |"), lines[0]
+    assert lines[3].startswith("| 2 | 0.0 / 64.0 GB | 0.0 / 33.9 GB | 0.0 / 16.0 GB | 0.0 / 16.0 GB | 23.0 GB (+ 0.0 "
+                               "GB) |"), lines[3]
+    assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 2 devices | 4 devices | 4 devices |" in lines
+    assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device | 1 device |" in lines
