@@ -223,17 +223,24 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     assert all(np.any(np.asarray(x) != b) for x, b in zip(jax.tree.leaves(new_params), before))  # AdamW moved each
 
 
-def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkeypatch):
-    """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
-    suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
-    only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
+# (entry, a row's tokens in its dry run: 28² images at patch 14, the prompt, π0's state, H actions)
+POLICY_ENTRIES = [("pi0_full_s3", 4 + 6 + 1 + 4), ("pi05_full_s3", 4 + 24 + 4)]  # π0.5: no state token
+
+
+@pytest.mark.parametrize("name, row_tokens", POLICY_ENTRIES, ids=[n for n, _ in POLICY_ENTRIES])
+def test_policies_random_batches_have_their_shapes_real_actions_and_a_flow_time(name, row_tokens, monkeypatch):
+    """The π0 and π0.5 entries (`--only pi0_full_s3,pi0_lora_s3` and `pi05_...`, not rehearsed: a
+    policy's compile costs the suite a minute) time random batches of the policy's own shapes
+    (π0.5's with no dataset named: its widest): every action real (a batch of padding only has no
+    loss: NaN), every camera and token present, the time inside (0, 1); a row's tokens are its
+    joint sequence."""
     from benchlib import measure
     from zerojax import config
     from zerojax.parallel import mesh as mesh_lib
     from zerojax.train import step as step_lib
 
     monkeypatch.chdir(ROOT)  # the entry names the tiny LeRobot dataset as bench_gpu.sh runs it, from the checkout
-    m = plan.BY_NAME["pi0_full_s3"]
+    m = plan.BY_NAME[name]
     cfg = config.load(ROOT / m.config, plan.overrides(m, dry_run=True))
     mesh = mesh_lib.make_mesh(cfg.mesh)
     batch = measure.random_batch(cfg, jax.random.key(0), mesh_lib.batch_sharding(mesh))
@@ -243,7 +250,6 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
     assert 0 < float(batch["time"].min()) and float(batch["time"].max()) < 1
     assert 0 <= int(batch["tokens"].min()) and int(batch["tokens"].max()) < cfg.model.vocab_size
     assert float(batch["images"].min()) >= -1 and float(batch["images"].max()) <= 1 and batch["images"].std() > 0.1
-    row_tokens = 4 + 6 + 1 + 4  # 28² images at patch 14, the prompt, the state, H actions
     rates = measure.rates(cfg, step_lib.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
     assert rates["samples_per_sec"] == 16 / 0.5 and rates["tokens_per_sec"] == 16 * row_tokens / 0.5
     assert 0 < rates["mfu"] < 1e-3
