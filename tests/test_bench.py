@@ -282,3 +282,24 @@ def test_policy_memory_tables_pick_the_smallest_device_count_that_fits_each_card
                                "GB) |"), lines[3]
     assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 2 devices | 4 devices | 4 devices |" in lines
     assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device | 1 device |" in lines
+
+
+def test_pi05_steps_tiny_size_is_the_lerobot_fixtures_model():
+    """scripts/bench/pi05_step.py's "tiny" size, as zerojax's config, is the model of the LeRobot
+    0.6.1 fixture it names (tests/fixtures/lerobot06/pi05, its config read as `model.init_from`
+    reads it): the side by side times the same model on both sides."""
+    import dataclasses
+
+    import pi05_step  # scripts/bench/pi05_step.py
+    from zerojax import config
+    from zerojax.interop import lerobot
+
+    ours = config.load(overrides=pi05_step.zerojax_overrides(pi05_step.SIZES["tiny"])).model
+    fixture = lerobot.hf_model_keys(str(ROOT / "tests" / "fixtures" / "lerobot06" / "pi05"), {"vision": {"n_heads": 2}})
+    for key, value in fixture.items():
+        mine = getattr(ours, key)
+        if dataclasses.is_dataclass(mine):
+            for sub, v in value.items():
+                assert getattr(mine, sub) == v, (key, sub)
+        elif key not in ("init_from",):
+            assert mine == value, key

@@ -64,7 +64,7 @@ def zerojax_overrides(s: dict) -> list[str]:
     return [
         "model.family=pi05", f"model.vocab_size={s['vocab']}", f"model.d_model={s['width']}",
         f"model.n_layers={s['depth']}", f"model.n_heads={HEADS}", "model.n_kv_heads=1", f"model.head_dim={s['head_dim']}",
-        f"model.d_ff={s['mlp']}", f"model.expert.d_model={s['expert']}", f"model.expert.d_ff={s['expert_mlp']}",
+        f"model.d_ff={s['mlp']}", "model.norm_eps=1e-6", "model.vision.norm_eps=1e-6", f"model.expert.d_model={s['expert']}", f"model.expert.d_ff={s['expert_mlp']}",
         f"model.vision.image_size={s['image']}", f"model.vision.patch_size={s['patch']}",
         f"model.vision.d_model={s['vision']}", f"model.vision.n_layers={s['vision_depth']}",
         f"model.vision.n_heads={s['vision_heads']}", f"model.vision.d_ff={s['vision_mlp']}",
