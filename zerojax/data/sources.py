@@ -61,9 +61,10 @@ def kind_of(cfg) -> str:
 
 def check_fits(cfg, kind: str, compile_only: bool = False) -> None:
     """ConfigError where a built-in family and the data source cannot make one batch: a policy
-    reads robot episodes, the other families text or image rows. `batch_spec` and `open_source`
-    ask it, so every command that builds a step refuses before anything is traced (a policy's
-    step over a text corpus would fail inside JAX's tracing). `compile_only` (analyze, plan: the
+    reads robot episodes, the other families text or image rows. `batch_spec` asks it, and
+    `open_source` for a policy, so every command that builds a step refuses before anything is
+    traced (a policy's step over a text corpus would fail inside JAX's tracing); `open_source`
+    still reads a dataset as it is for the other families (its own features, for tools and tests). `compile_only` (analyze, plan: the
     batch's shapes, no rows): a policy with no dataset named is compiled on its model's widest
     batch (`PolicyAdapter.widest`), which any dataset that fits pads to."""
     family, source = cfg.model.family, cfg.data.source
@@ -102,7 +103,8 @@ def open_source(cfg) -> Source:
     """The config's source, opened (bad input surfaces here, as ConfigError); a policy family's
     LeRobot source through its adapter, as `batch_spec`."""
     kind = kind_of(cfg)
-    check_fits(cfg, kind)
+    if registry.is_policy(cfg.model.family):  # training a policy on text; any family still opens a dataset as it is
+        check_fits(cfg, kind)
     if kind == "custom":
         return custom_source(cfg)
     source = importlib.import_module(KINDS[kind]).open(cfg)
