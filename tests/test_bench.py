@@ -223,17 +223,24 @@ def test_transient_peer_is_the_same_model_sharded_by_scalax():
     assert all(np.any(np.asarray(x) != b) for x, b in zip(jax.tree.leaves(new_params), before))  # AdamW moved each
 
 
-def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkeypatch):
-    """The π0 entries (`--only pi0_full_s3,pi0_lora_s3`, not rehearsed: a π0 compile costs the
-    suite a minute) time random batches of π0's own shapes: every action real (a batch of padding
-    only has no loss: NaN), every camera and token present, the time inside (0, 1)."""
+# (entry, a row's tokens in its dry run: 28² images at patch 14, the prompt, π0's state, H actions)
+POLICY_ENTRIES = [("pi0_full_s3", 4 + 6 + 1 + 4), ("pi05_full_s3", 4 + 24 + 4)]  # π0.5: no state token
+
+
+@pytest.mark.parametrize("name, row_tokens", POLICY_ENTRIES, ids=[n for n, _ in POLICY_ENTRIES])
+def test_policies_random_batches_have_their_shapes_real_actions_and_a_flow_time(name, row_tokens, monkeypatch):
+    """The π0 and π0.5 entries (`--only pi0_full_s3,pi0_lora_s3` and `pi05_...`, not rehearsed: a
+    policy's compile costs the suite a minute) time random batches of the policy's own shapes
+    (π0.5's with no dataset named: its widest): every action real (a batch of padding only has no
+    loss: NaN), every camera and token present, the time inside (0, 1); a row's tokens are its
+    joint sequence."""
     from benchlib import measure
     from zerojax import config
     from zerojax.parallel import mesh as mesh_lib
     from zerojax.train import step as step_lib
 
     monkeypatch.chdir(ROOT)  # the entry names the tiny LeRobot dataset as bench_gpu.sh runs it, from the checkout
-    m = plan.BY_NAME["pi0_full_s3"]
+    m = plan.BY_NAME[name]
     cfg = config.load(ROOT / m.config, plan.overrides(m, dry_run=True))
     mesh = mesh_lib.make_mesh(cfg.mesh)
     batch = measure.random_batch(cfg, jax.random.key(0), mesh_lib.batch_sharding(mesh))
@@ -243,28 +250,56 @@ def test_pi0s_random_batches_have_its_shapes_real_actions_and_a_flow_time(monkey
     assert 0 < float(batch["time"].min()) and float(batch["time"].max()) < 1
     assert 0 <= int(batch["tokens"].min()) and int(batch["tokens"].max()) < cfg.model.vocab_size
     assert float(batch["images"].min()) >= -1 and float(batch["images"].max()) <= 1 and batch["images"].std() > 0.1
-    row_tokens = 4 + 6 + 1 + 4  # 28² images at patch 14, the prompt, the state, H actions
     rates = measure.rates(cfg, step_lib.make_engine(cfg, mesh), 0, 0.5, types.SimpleNamespace(peak_tflops=989))
     assert rates["samples_per_sec"] == 16 / 0.5 and rates["tokens_per_sec"] == 16 * row_tokens / 0.5
     assert 0 < rates["mfu"] < 1e-3
 
 
-def test_pi0_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
-    import pi0_memory  # scripts/bench/pi0_memory.py: the README's π0 memory tables
+def test_policy_memory_tables_pick_the_smallest_device_count_that_fits_each_card():
+    import policy_memory  # scripts/bench/policy_memory.py: the README's π0 and π0.5 memory tables
 
     GB = 1e9
-    peaks = {"full": (64.8, 33.9, 20.6, 14.2), "full+offload=optimizer": (43.7, 23.0, 15.1, 11.2),
-             "full+offload=optimizer+master": (45.4, 22.7, 13.3, 10.3), "lora16": (24.3, 16.0, 10.6, 8.2)}
+    peaks = {"full": (64.8, 33.9, 20.6, 14.2), "offload_optimizer": (43.7, 23.0, 15.1, 11.2),
+             "offload_optimizer_master": (45.4, 22.7, 13.3, 10.3), "lora16": (24.3, 16.0, 10.6, 8.2)}
     row = lambda peak: {"peak_bytes": peak * GB, "formula_bytes": 1.0, "host_argument_bytes": 0}
-    doc = {"mem_fraction": 0.75, "runs": {pi0_memory.key(name, n): {"stages": {"3": row(p)}}
-                                          for name, ps in peaks.items() for n, p in zip(pi0_memory.DEVICES, ps)}}
+    doc = {"mem_fraction": 0.75, "recipes": list(policy_memory.PI0_RECIPES), "cards_gb": [24, 48, 80],
+           "runs": {policy_memory.key(name, n): {"stages": {"0": row(p), "3": row(p)} if n > 1 and "lora" in name
+                                                 else {"3": row(p)}}
+                    for name, ps in peaks.items() for n, p in zip(policy_memory.DEVICES, ps)}}
     doc["runs"]["full@1"]["stages"] = {"0": row(64.8)}  # one device: its only compile, stage 0
+    for n, p in zip((2, 4, 8), (64.0, 63.0, 62.0)):
+        doc["runs"][f"full@{n}"]["stages"]["0"] = row(p)
     budget = lambda card, fraction: fraction * card * GB - GB
-    assert pi0_memory.smallest(doc, "full", budget(24, 0.75)) == 8  # 17.0 GB: only 8 devices' 14.2
-    assert pi0_memory.smallest(doc, "full", budget(24, 0.95)) == 4  # 21.8 GB: 4 devices' 20.6
-    assert pi0_memory.smallest(doc, "full", budget(80, 0.95)) == 1  # 75 GB: one device's 64.8
-    assert pi0_memory.smallest(doc, "full", budget(16, 0.75)) is None
-    assert pi0_memory.smallest(doc, "full+offload=optimizer", budget(80, 0.75)) == 1
-    lines = pi0_memory.markdown(doc).splitlines()
-    assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 4 devices | 4 devices |" in lines
-    assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device |" in lines
+    assert policy_memory.smallest(doc, "full", budget(24, 0.75)) == 8  # 17.0 GB: only 8 devices' 14.2
+    assert policy_memory.smallest(doc, "full", budget(24, 0.95)) == 4  # 21.8 GB: 4 devices' 20.6
+    assert policy_memory.smallest(doc, "full", budget(80, 0.95)) == 1  # 75 GB: one device's 64.8
+    assert policy_memory.smallest(doc, "full", budget(16, 0.75)) is None
+    assert policy_memory.smallest(doc, "offload_optimizer", budget(80, 0.75)) == 1
+    lines = policy_memory.markdown(doc).splitlines()
+    assert lines[0].startswith("| devices | full, stage 0: states / peak | full, stage 3: states / peak | LoRA r16, "
+                               "stage 0: states / peak |"), lines[0]
+    assert lines[3].startswith("| 2 | 0.0 / 64.0 GB | 0.0 / 33.9 GB | 0.0 / 16.0 GB | 0.0 / 16.0 GB | 23.0 GB (+ 0.0 "
+                               "GB) |"), lines[3]
+    assert "| 24 GB | 17.0 GB (0.75 x card - 1 GB) | 8 devices | 2 devices | 4 devices | 4 devices |" in lines
+    assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device | 1 device |" in lines
+
+
+def test_pi05_steps_tiny_size_is_the_lerobot_fixtures_model():
+    """scripts/bench/pi05_step.py's "tiny" size, as zerojax's config, is the model of the LeRobot
+    0.6.1 fixture it names (tests/fixtures/lerobot06/pi05, its config read as `model.init_from`
+    reads it): the side by side times the same model on both sides."""
+    import dataclasses
+
+    import pi05_step  # scripts/bench/pi05_step.py
+    from zerojax import config
+    from zerojax.interop import lerobot
+
+    ours = config.load(overrides=pi05_step.zerojax_overrides(pi05_step.SIZES["tiny"])).model
+    fixture = lerobot.hf_model_keys(str(ROOT / "tests" / "fixtures" / "lerobot06" / "pi05"), {"vision": {"n_heads": 2}})
+    for key, value in fixture.items():
+        mine = getattr(ours, key)
+        if dataclasses.is_dataclass(mine):
+            for sub, v in value.items():
+                assert getattr(mine, sub) == v, (key, sub)
+        elif key not in ("init_from",):
+            assert mine == value, key

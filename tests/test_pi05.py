@@ -145,3 +145,21 @@ def test_each_joint_layer_with_its_adaptive_norms_is_gathered_once_per_pass():
     forward, backward = joint
     assert forward["per_iteration"]["all-gather"] == backward["per_iteration"]["all-gather"] == 1
     assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
+
+
+def test_with_no_dataset_named_analyze_and_plan_compile_the_widest_batch(capsys):
+    """`zerojax plan --config configs/pi05.yaml --devices N --device-memory 24GB` names no dataset:
+    the batch is the model's widest (state and action at their padded widths, every camera slot),
+    which is the batch of any dataset that fits; the plan answers on 8 devices. Training refuses."""
+    import jax
+    from zerojax import cli, config
+    from zerojax.train import step as step_lib
+
+    shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), step_lib.batch_shape(cfg))  # noqa: E731
+    bare = [o for o in TINY if not o.startswith("data.source=")]
+    assert shapes(config.load(overrides=bare)) == shapes(config.load(overrides=TINY))
+    assert cli.main(["train", *bare]) == 2
+    assert "model.family=pi05 is a robot policy" in capsys.readouterr().err
+    rc = cli.main(["plan", "--devices", "8", "--device-memory", "4GB", "--json", *bare])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["winner"]["fits"] and doc["winner"]["peak_bytes"] <= doc["budget_bytes"], doc

@@ -9,6 +9,11 @@
 #   bash scripts/bench/bench_gpu.sh [--dry-run] --only gpt1b_s3_shard_map,fit_s3   (more `bench.py plan` options)
 #   bash scripts/bench/bench_gpu.sh --only llama1b_8k_blockwise,llama1b_8k_cudnn   long sequences: cuDNN's
 #        attention against the pure-JAX blockwise one, llama-1b at seq 8192 (benchlib/plan.py's LONG)
+#   bash scripts/bench/bench_gpu.sh --only pi05_full_s3,pi05_lora_s3   π0.5 (configs/pi05.yaml, 3.35B) at
+#        stage 3, full and openpi's LoRA: samples/s, MFU, peak memory against analyze (zerojax's side of
+#        BENCHMARKS.md's "π0.5's training step against LeRobot 0.6.1"). LeRobot's side needs LeRobot 0.6.1
+#        with a CUDA torch, which the GPU image lacks; where a venv has them:
+#        python scripts/bench/pi05_step.py --threads 0 --lerobot-device cuda --lerobot-python VENV/bin/python
 #
 # PYTHON picks the interpreter (GPU: the image's python3, with its jax; dry run: .venv's, else
 # python3). Record the GPU run's summary in BENCHMARKS.md with the date and this command.

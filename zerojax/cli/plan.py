@@ -38,7 +38,7 @@ def run(args) -> int:
     cfg = config.load(args.config, args.overrides)  # bad input surfaces here, before compiling
     from zerojax.data import sources
 
-    sources.check_fits(cfg, sources.kind_of(cfg))  # before the first candidate's line
+    sources.check_fits(cfg, sources.kind_of(cfg), compile_only=True)  # before the first candidate's line
     from zerojax.analysis import plan  # jax: the steps are compiled
 
     plan.simulate_on_cpu()

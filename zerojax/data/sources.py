@@ -59,15 +59,17 @@ def kind_of(cfg) -> str:
     return "tokens"
 
 
-def check_fits(cfg, kind: str) -> None:
+def check_fits(cfg, kind: str, compile_only: bool = False) -> None:
     """ConfigError where a built-in family and the data source cannot make one batch: a policy
-    reads robot episodes, the other families text or image rows. `batch_spec` asks it, so every
-    command that builds a step (train, analyze, plan) refuses before anything is traced (a
-    policy's step over a text corpus would fail inside JAX's tracing); `open_source` alone still
-    reads any source as it is (a dataset's own features, for tools and tests)."""
+    reads robot episodes, the other families text or image rows. `batch_spec` asks it, and
+    `open_source` for a policy, so every command that builds a step refuses before anything is
+    traced (a policy's step over a text corpus would fail inside JAX's tracing); `open_source`
+    still reads a dataset as it is for the other families (its own features, for tools and tests). `compile_only` (analyze, plan: the
+    batch's shapes, no rows): a policy with no dataset named is compiled on its model's widest
+    batch (`PolicyAdapter.widest`), which any dataset that fits pads to."""
     family, source = cfg.model.family, cfg.data.source
     policy = registry.is_policy(family)
-    if policy and kind not in ("lerobot", "custom"):
+    if policy and kind not in ("lerobot", "custom") and not compile_only:
         raise ConfigError(f"model.family={family} is a robot policy: it trains on a LeRobot dataset (data.source="
                           f"lerobot:DIR) or a source of your own (data.source=module:factory); data.source={source!r} "
                           f"is {SOURCE_WORDS[kind]}")
@@ -83,13 +85,17 @@ SOURCE_WORDS = {"tokens": "a text corpus", "chat": "chat or instruction rows", "
 def batch_spec(cfg):
     """The global batch the config's source yields (a pytree of Field), from the config alone
     (a source of the user's own is opened to ask it). A policy family reads a LeRobot source
-    through its adapter (`family.PolicyAdapter`): its own batch of the dataset's features."""
+    through its adapter (`family.PolicyAdapter`): its own batch of the dataset's features; with
+    no dataset named, of its widest one (what analyze and plan compile; training refuses)."""
     kind = kind_of(cfg)
-    check_fits(cfg, kind)
+    check_fits(cfg, kind, compile_only=True)
     if kind == "custom":
         return open_source(cfg).spec()
+    adapter = registry.adapter(cfg.model.family)
+    if adapter is not None and kind != "lerobot":  # no dataset named: the model's widest batch
+        return adapter.rows(_SpecOnly(adapter.widest(cfg)), cfg).spec()
     spec = importlib.import_module(KINDS[kind]).spec(cfg)
-    adapter = registry.adapter(cfg.model.family) if kind == "lerobot" else None
+    adapter = adapter if kind == "lerobot" else None
     return adapter.rows(_SpecOnly(spec), cfg).spec() if adapter is not None else spec
 
 
@@ -97,6 +103,8 @@ def open_source(cfg) -> Source:
     """The config's source, opened (bad input surfaces here, as ConfigError); a policy family's
     LeRobot source through its adapter, as `batch_spec`."""
     kind = kind_of(cfg)
+    if registry.is_policy(cfg.model.family):  # training a policy on text; any family still opens a dataset as it is
+        check_fits(cfg, kind)
     if kind == "custom":
         return custom_source(cfg)
     source = importlib.import_module(KINDS[kind]).open(cfg)

@@ -146,6 +146,10 @@ class PolicyAdapter:
     observation: Callable[[dict, list, dict, Any], dict]
     # the run's model section (a dict) -> (horizon, width) of the noise `sample_actions` integrates
     chunk: Callable[[dict], tuple[int, int]]
+    # cfg -> the features of the widest dataset the model reads (state and action at their padded
+    # widths, every camera slot filled): the batch `zerojax analyze` and `plan` compile when no
+    # dataset is named, which is the batch of any dataset that fits (the adapter pads to these)
+    widest: Callable[[Any], dict]
 
 
 @dataclass(frozen=True)

@@ -112,4 +112,5 @@ def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> d
     return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["prompt_len"], tokenizer)
 
 
-ADAPTER = PolicyAdapter(check=pi0_batch.check, rows=rows, observation=observation, chunk=pi0_batch.chunk)
+ADAPTER = PolicyAdapter(check=pi0_batch.check, rows=rows, observation=observation, chunk=pi0_batch.chunk,
+                        widest=pi0_batch.widest)

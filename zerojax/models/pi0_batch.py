@@ -87,6 +87,17 @@ def spec(cfg, features: dict) -> dict:
             "noise": Field((B, a.horizon, a.max_action_dim), "float32"), "time": Field((B,), "float32")}
 
 
+def widest(cfg) -> dict:
+    """The adapter's `widest`: a dataset's features at the model's widths (`spec`'s batch is
+    the same for any dataset that fits: it pads to these), as `data.lerobot.spec` names them."""
+    a, d, B = cfg.model.action, cfg.data, cfg.train.global_batch
+    cameras = {f"{CAMERA}camera{i}": Field((B, 3, d.image_size, d.image_size), "float32") for i in range(a.cameras)}
+    return {STATE: Field((B, a.max_state_dim), "float32"), **cameras,
+            ACTION: Field((B, d.action_horizon, a.max_action_dim), "float32"),
+            "action_is_pad": Field((B, d.action_horizon), "bool"), "tokens": Field((B, d.prompt_len), "int32"),
+            "token_mask": Field((B, d.prompt_len), "bool")}
+
+
 def pad_last(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
@@ -149,4 +160,4 @@ def chunk(model: dict) -> tuple[int, int]:
     return model["action"]["horizon"], model["action"]["max_action_dim"]
 
 
-ADAPTER = PolicyAdapter(check=check, rows=rows, observation=observation, chunk=chunk)
+ADAPTER = PolicyAdapter(check=check, rows=rows, observation=observation, chunk=chunk, widest=widest)

@@ -119,11 +119,12 @@ def best_time(fn, x, repeats: int) -> float:
 
 
 def rates(cfg, engine, params: int, step_s: float, opts) -> dict:
-    """Step time, tokens/s and MFU. A text model's row is seq_len tokens; π0's is its joint
-    sequence (prefix + state + actions), and its samples/s is the rate robot users compare."""
+    """Step time, tokens/s and MFU. A text model's row is seq_len tokens; a policy's is its joint
+    sequence (prefix + suffix: π0's state and actions, π0.5's actions), and its samples/s is the
+    rate robot users compare."""
     model = model_lib.abstract_model(cfg.model, engine.policy)
     row_flops = model.flops_per_row() if callable(getattr(model, "flops_per_row", None)) else None
-    row_tokens = model.prefix_len + 1 + cfg.model.action.horizon if row_flops else cfg.model.seq_len
+    row_tokens = model.prefix_len + len(model.suffix_ar()) if row_flops else cfg.model.seq_len
     out = {"step_s": step_s, "tokens_per_sec": cfg.train.global_batch * row_tokens / step_s}
     if row_flops:
         out["samples_per_sec"] = cfg.train.global_batch / step_s

@@ -99,6 +99,23 @@ EXTRA += (
                  "optim.lora.alpha_pattern=expert:32", "optim.lora.targets=language,expert", "optim.lora.base=targets"),
                 config=PI0, dry=(*PI0_DRY, "optim.lora.rank=4", "optim.lora.rank_pattern=expert:8")),
 )
+# π0.5 (configs/pi05.yaml, 3.35B; issue 33): the same, with no dataset named (the model's widest
+# batch: one 224² camera, H = 50, prompts of 200 tokens). `--only pi05_full_s3,pi05_lora_s3`.
+PI05 = "configs/pi05.yaml"
+PI05_DRY = (*(o for o in PI0_DRY if not o.startswith(("model.action.prompt_len", "data.prompt_len", "model.vocab"))),
+            "model.vocab_size=256", "model.n_heads=8", "model.n_kv_heads=1", "model.head_dim=4", "model.action.prompt_len=24",
+            "data.prompt_len=24")  # prompts hold the state's bins
+EXTRA += (
+    Measurement("pi05_full_s3", "π0.5 (3.35B), stage 3, full fine-tuning: step time, samples/s, MFU, peak memory "
+                "(openpi #667: fsdp_devices=2 on 2 x A100-80 runs out of memory)", 120,
+                ("train.global_batch=32", "zero.stage=3"), config=PI05, dry=PI05_DRY),
+    Measurement("pi05_lora_s3", "π0.5, stage 3, openpi's LoRA: r16 on the VLM's Gemma and r32 on the expert's, "
+                "their bases frozen", 100,
+                ("train.global_batch=32", "zero.stage=3", "optim.lora.rank=16", "optim.lora.alpha=16",
+                 "optim.lora.rank_pattern=expert:32", "optim.lora.alpha_pattern=expert:32",
+                 "optim.lora.targets=language,expert", "optim.lora.base=targets"),
+                config=PI05, dry=(*PI05_DRY, "optim.lora.rank=4", "optim.lora.rank_pattern=expert:8")),
+)
 # Long sequences (issue 34): llama-1b at seq 8192, the flash-style pure-JAX attention against
 # cuDNN's fused one (bf16: configs/llama-1b.yaml's compute dtype), the chunked loss in both.
 # Not in the 8-minute plan: `--only llama1b_8k_blockwise,llama1b_8k_cudnn`. The CPU rehearsal
