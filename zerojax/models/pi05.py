@@ -36,6 +36,11 @@ from zerojax.precision import Policy
 BATCH = ("images", "image_masks", "tokens", "token_mask", "actions", "action_is_pad", "noise", "time")
 ACTION = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
 COMPONENTS = {**pi0.COMPONENTS, "action": ACTION}  # as π0's (`pi0.COMPONENTS`), its own action heads
+# LoRA on the expert adapts its attention and MLP projections only, as openpi's gemma_300m_lora
+# (`lora.Einsum` for attn, `lora.FeedForward` for ffn): not the adaptive norms' dense layers
+# (`*_layernorm/dense`, `expert_norm/dense`), which stay in `expert`, so frozen with its base as
+# openpi's freeze filter `.*llm.*_1.*` freezes them.
+LORA_KERNELS = {"expert": ("layers/expert/*_proj/kernel",)}
 
 
 class AdaRMSNorm(nnx.Module):
@@ -106,6 +111,7 @@ class Pi05(pi0.Pi0):
     """π0.5 (module docstring): π0's model with π0.5's joint layer, heads, suffix and time."""
 
     COMPONENTS = COMPONENTS
+    LORA_KERNELS = LORA_KERNELS
     LAYER = JointLayer
 
     def init_heads(self, s: Shape, policy: Policy, rngs: nnx.Rngs) -> None:

@@ -6,7 +6,9 @@ class attribute `COMPONENTS = {"vision": ("vision", "vision_embeddings", ...), .
 standing for patterns as `optim.freeze` reads them (a path, or a part whose whole subtree it
 covers). PaliGemma names `vision` and `decoder`; π0 names `vision`, `language`, `vlm`, `expert`
 and `action` (`models/pi0.py`). A written entry that is a component's name is that component;
-any other entry is a pattern, as before.
+any other entry is a pattern, as before. LoRA on a component adapts every `nnx.Linear` kernel under
+it, unless the model's `LORA_KERNELS` names the kernel globs a component's LoRA adapts (π0.5: the
+expert's attention and MLP projections, not its adaptive norms' dense layers, as openpi's LoRA).
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ def expand_all(entries: tuple[str, ...], components: dict[str, tuple[str, ...]])
     return tuple(p for entry in entries for p in expand(entry, components))
 
 
-def kernel_globs(entry: str, components: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-    """The kernel globs of an `optim.lora.targets` entry: a component's kernels (every
-    `nnx.Linear` kernel under its patterns), or the entry itself, a glob over kernel paths."""
+def lora_kernels_of(model) -> dict[str, tuple[str, ...]]:
+    """The kernel globs LoRA on a component adapts, where not every kernel under it (`LORA_KERNELS`)."""
+    return dict(getattr(type(model), "LORA_KERNELS", {}))
+
+
+def kernel_globs(entry: str, components: dict[str, tuple[str, ...]],
+                 lora_kernels: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """The kernel globs of an `optim.lora.targets` entry: a component's kernels (those its
+    `LORA_KERNELS` entry names, else every `nnx.Linear` kernel under its patterns), or the entry
+    itself, a glob over kernel paths."""
     if entry not in components:
         return (entry,)
+    if lora_kernels and entry in lora_kernels:
+        return tuple(lora_kernels[entry])
     return tuple(p.rstrip("/") + "/*kernel" for p in components[entry])
 
 

@@ -31,7 +31,7 @@ from flax import nnx
 from zerojax.errors import ConfigError
 from zerojax.config import LoraConfig
 from zerojax.optim.adamw import is_frozen
-from zerojax.optim.components import components_of, expand_all, kernel_globs, names_hint
+from zerojax.optim.components import components_of, expand_all, kernel_globs, lora_kernels_of, names_hint
 from zerojax.parallel.trees import path_name
 
 
@@ -69,8 +69,8 @@ def kernel_paths(model) -> list[str]:
 def targets_of(model, cfg: LoraConfig) -> list[tuple[str, nnx.Module]]:
     """(kernel path, layer) of every nnx.Linear whose kernel a target matches: a glob over kernel
     paths, or a component the model names (`optim.components`: every kernel under it)."""
-    components = components_of(model)
-    globs = {entry: kernel_globs(entry, components) for entry in cfg.targets}
+    components, adapted = components_of(model), lora_kernels_of(model)
+    globs = {entry: kernel_globs(entry, components, adapted) for entry in cfg.targets}
     found, matched = [], set()
     for path, node in nnx.iter_graph(model):
         if not isinstance(node, nnx.Linear):
@@ -99,7 +99,8 @@ def settings(model, cfg: LoraConfig) -> dict[str, tuple[int, float]]:
     for key, slot in (("rank_pattern", 0), ("alpha_pattern", 1)):
         given: dict[str, str] = {}
         for entry, value in getattr(cfg, key):
-            hits = [k for k in found if any(fnmatch.fnmatchcase(k, g) for g in kernel_globs(entry, components))]
+            globs = kernel_globs(entry, components, lora_kernels_of(model))
+            hits = [k for k in found if any(fnmatch.fnmatchcase(k, g) for g in globs)]
             if not hits:
                 raise ConfigError(f"optim.lora.{key} entry {entry!r} names none of the kernels optim.lora.targets "
                                   f"adapts ({', '.join(found[:3])}, ...); give a glob over them"
