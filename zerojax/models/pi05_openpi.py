@@ -1,6 +1,6 @@
 """π0.5's openpi checkpoint layout: the `params/` tree of openpi's `Pi0` with pi05=True, read from
-openpi's source only (`models/pi0.py`, `gemma.py`): no running code that reads such a tree
-exists outside openpi itself (README, "openpi checkpoints").
+openpi's source (`models/pi0.py`, `gemma.py`) and checked by openpi's own forward pass on an
+export (scripts/checks/check_openpi_forward.py; README, "openpi checkpoints").
 
 Beside π0's (`pi0_openpi`): the expert's norms are adaptive, `gemma.RMSNorm` with a condition,
 whose `nn.Dense(3W)` is the norm's only parameter (`pre_attention_norm_1/Dense_0/{kernel [L, W,
