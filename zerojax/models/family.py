@@ -44,13 +44,21 @@ class Field(NamedTuple):
 @dataclass(frozen=True)
 class Tensor:
     """Where a zerojax leaf lives in an HF checkpoint: the name (`{i}`: the layer of a stacked
-    leaf), whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel), and
+    leaf, `at`), whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel), and
     whether the checkpoint's tensor may have more rows than the model uses (a position table
     longer than model.seq_len: the model reads its first rows)."""
 
     name: str
     transposed: bool = False
     may_be_longer: bool = False
+    # a stacked leaf whose unit holds `every` of the checkpoint's layers (SmolVLA's self- and
+    # cross-attention pair): its layer i is the checkpoint's layer i·every + offset
+    every: int = 1
+    offset: int = 0
+
+    def at(self, i: int) -> str:
+        """The tensor's name for layer i of a stacked leaf."""
+        return self.name.format(i=i * self.every + self.offset)
 
 
 @dataclass(frozen=True)

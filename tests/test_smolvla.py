@@ -1,0 +1,108 @@
+"""SmolVLA (`model.family=smolvla`): its flow-matching losses and sampled actions equal LeRobot
+0.6.1's own PyTorch SmolVLA on a tiny random checkpoint (tests/fixtures/lerobot06/smolvla, made by
+scripts/fixtures/make_smolvla_fixtures.py in fp32, every constant-initialised tensor random), and
+its units (a VLM self-attention layer and a cross-attention layer with the expert layers that read
+them) train on 8 devices at stage 3 as on one, each gathered once per pass."""
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import ROOT, run
+from zerojax.errors import ConfigError
+from zerojax.interop import lerobot
+
+FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
+OBSERVATION = ("images", "image_masks", "tokens", "token_mask", "state", "actions")
+TINY = ["model.family=smolvla", "data.source=pi0_source:build", "model.vocab_size=64", "model.d_model=32",
+        "model.n_layers=4", "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=8", "model.d_ff=64",
+        "model.expert.d_model=24", "model.expert.d_ff=48", "model.action.horizon=4", "model.action.cameras=2",
+        "model.action.prompt_len=6", "model.action.action_dim=3", "model.vision.image_size=32",
+        "model.vision.patch_size=8", "model.vision.d_model=16", "model.vision.n_layers=1", "model.vision.n_heads=2",
+        "model.vision.d_ff=32", "train.global_batch=16", "zero.min_shard_size=64", "train.steps=3",
+        "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0",
+        "optim.warmup_steps=0", "model.remat=none"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_file(FIXTURE / "smolvla.reference.safetensors")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return lerobot.load(FIXTURE / "smolvla")
+
+
+def test_losses_and_sampled_actions_equal_lerobots(loaded, reference):
+    cfg, model = loaded
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.expert.d_model) == (4, 4, 2, 16, 48)
+    assert (cfg.smolvla.pixel_shuffle, cfg.smolvla.num_steps, cfg.action.cameras, cfg.action.action_dim) == (2, 10, 2, 3)
+    batch = {k: jnp.asarray(reference[k]) for k in OBSERVATION}
+    losses = model.flow_loss(batch, jnp.asarray(reference["noise"]), jnp.asarray(reference["time"]))
+    assert losses.shape == reference["losses"].shape == (2, 4, 32)
+    np.testing.assert_allclose(losses, reference["losses"], atol=1e-4, rtol=1e-4)
+    sampled = model.sample_actions(batch, jnp.asarray(reference["sample_noise"]))
+    np.testing.assert_allclose(sampled, reference["actions_sampled"], atol=1e-4, rtol=1e-4)
+
+
+def test_the_masks_and_the_state_matter(loaded, reference):
+    """Control: a missing camera, padded prompt tokens and the state token change the losses
+    (so the match above is not the unmasked or stateless model's by accident)."""
+    _, model = loaded
+    batch = {k: jnp.asarray(reference[k]) for k in OBSERVATION}
+    noise, time = jnp.asarray(reference["noise"]), jnp.asarray(reference["time"])
+    unmasked = {**batch, "image_masks": jnp.ones_like(batch["image_masks"]),
+                "token_mask": jnp.ones_like(batch["token_mask"])}
+    assert np.abs(np.asarray(model.flow_loss(unmasked, noise, time)[1]) - reference["losses"][1]).max() > 1e-3
+    stateless = {**batch, "state": jnp.zeros_like(batch["state"])}
+    assert np.abs(np.asarray(model.flow_loss(stateless, noise, time)) - reference["losses"]).max() > 1e-3
+
+
+def test_an_interleaving_zerojax_does_not_map_is_refused(tmp_path):
+    shutil.copytree(FIXTURE / "smolvla", tmp_path / "p")
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    (tmp_path / "p" / "config.json").write_text(json.dumps({**config, "self_attn_every_n_layers": 3}))
+    with pytest.raises(ConfigError, match="self_attn_every_n_layers=3; zerojax reads SmolVLA's cross_attn with "
+                                          "self_attn_every_n_layers=2"):
+        lerobot.load(tmp_path / "p")
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    return run(TINY + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
+                       f"train.out_dir={tmp_path_factory.mktemp('one')}"])[0]
+
+
+def test_units_on_8_devices_at_stage_3_give_one_devices_losses(one_device, tmp_path):
+    losses, result = run(TINY + ["zero.stage=3", f"train.out_dir={tmp_path}"])
+    np.testing.assert_allclose(losses, one_device, rtol=1e-5)
+    params = result.state.params
+    assert set(params["layers"]) == {"vlm_0", "vlm_1", "expert_0", "expert_1"}  # one unit: both streams, both kinds
+    # the expert's self-attention layer reads its width, its cross-attention layer the VLM's keys (G·K = 16)
+    assert params["layers"]["expert_0"]["k_proj"]["kernel"].shape == (2, 24, 16)
+    assert params["layers"]["expert_1"]["k_proj"]["kernel"].shape == (2, 16, 16)
+
+
+def test_each_unit_is_gathered_once_per_pass_with_both_streams():
+    """Stage 3's HLO: the units' loops (6 layers: 3 units; the tower has 2 layers) gather one unit
+    per iteration forward and backward and reduce-scatter one backward: the VLM's layers and the
+    expert's that read them travel together."""
+    from zerojax import config
+    from zerojax.analysis import hlo, measure
+
+    cfg = config.load(overrides=TINY + ["model.n_layers=6", "model.vision.n_layers=2", "zero.stage=3",
+                                        "zero.schedule=shard_map", "zero.prefetch=0"])
+    engine, compiled = measure.compile_step(cfg, measured_only=True)
+    assert set(engine.plan.leaves["layers"]) == {"vlm_0", "vlm_1", "expert_0", "expert_1"}
+    loops = [x for x in hlo.loop_collectives(compiled.as_text(), 8) if x["per_iteration"]["all-gather"]]
+    units = sorted((x for x in loops if x["trip_count"] == 3), key=lambda x: x["per_iteration"]["reduce-scatter"])
+    assert len(units) == 2, loops  # the forward's loop and the backward's
+    forward, backward = units
+    assert forward["per_iteration"]["all-gather"] == backward["per_iteration"]["all-gather"] == 1
+    assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
+    assert [x["trip_count"] for x in loops if x["trip_count"] != 3] == [2, 2]  # the tower's two loops
