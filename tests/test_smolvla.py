@@ -107,3 +107,40 @@ def test_each_unit_is_gathered_once_per_pass_with_both_streams():
     assert forward["per_iteration"]["all-gather"] == backward["per_iteration"]["all-gather"] == 1
     assert forward["per_iteration"]["reduce-scatter"] == 0 and backward["per_iteration"]["reduce-scatter"] == 1
     assert [x["trip_count"] for x in loops if x["trip_count"] != 3] == [2, 2]  # the tower's two loops
+
+
+# ---------------------------------------------------------------------------------------------
+# LeRobot checkpoints in (model.init_from=DIR) and out (zerojax export --format lerobot);
+# scripts/checks/check_smolvla_export.py loads an export in LeRobot 0.6.1 itself.
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A stage-3 run on 8 devices from the LeRobot fixture: one step at lr 0 (the weights stay the
+    checkpoint's), checkpointed."""
+    out = tmp_path_factory.mktemp("imported")
+    losses, _ = run(["data.source=pi0_source:build", f"model.init_from={FIXTURE / 'smolvla'}",
+                     "train.global_batch=16", "zero.min_shard_size=64", "train.log_every=1", "train.eval_every=0",
+                     "train.sample_tokens=0", "optim.warmup_steps=0", "model.remat=none", "zero.stage=3",
+                     "train.steps=1", "train.ckpt_every=1", "optim.lr=0", f"train.out_dir={out}"])
+    assert np.isfinite(losses).all()
+    return out
+
+
+def test_import_on_8_devices_and_export_give_every_tensor_and_file_bit_for_bit(imported, tmp_path):
+    """LeRobot 0.6's layout: every tensor of the checkpoint the run started from (the unit's two
+    layers back at LeRobot's layers 2i and 2i + 1; SmolVLM's unused lm_head copied from the start),
+    its config.json and its processor files, statistics and all."""
+    from zerojax import cli
+
+    assert cli.main(["export", str(imported), "--format", "lerobot", "--out", str(tmp_path / "out")]) == 0
+    out, fixture = load_file(tmp_path / "out" / "model.safetensors"), load_file(FIXTURE / "smolvla" / "model.safetensors")
+    assert set(out) == set(fixture)
+    assert [k for k in fixture if out[k].tobytes() != fixture[k].tobytes()] == []
+    for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
+        assert json.loads((tmp_path / "out" / name).read_text()) == json.loads((FIXTURE / "smolvla" / name).read_text())
+    for name in ("policy_preprocessor_step_5_normalizer_processor.safetensors",
+                 "policy_postprocessor_step_0_unnormalizer_processor.safetensors"):
+        want = load_file(FIXTURE / "smolvla" / name)
+        assert {k: v.tobytes() for k, v in load_file(tmp_path / "out" / name).items()} == \
+            {k: v.tobytes() for k, v in want.items()}

@@ -98,6 +98,10 @@ class LeRobotLayout:
     # a run's model section -> {name: shape}: tensors LeRobot's model holds that zerojax's does not use
     # (π0's expert `lm_head`), written as zeros where model.init_from does not give them (0.6 loads strictly)
     unused: Callable[[dict], dict] | None = None
+    # config.json -> it is LeRobot 0.3's (statistics as buffers in model.safetensors, no processor
+    # files): by default π0's 0.3 marker, `resize_imgs_with_padding` (0.4+'s π0 says image_resolution);
+    # a family LeRobot 0.3 never had (SmolVLA, which keeps that key in 0.6) says never
+    legacy: Callable[[dict], bool] = lambda config: "resize_imgs_with_padding" in config
 
 
 def at_least(key: str, value: float, low: float) -> None:
