@@ -144,3 +144,89 @@ def test_import_on_8_devices_and_export_give_every_tensor_and_file_bit_for_bit(i
         want = load_file(FIXTURE / "smolvla" / name)
         assert {k: v.tobytes() for k, v in load_file(tmp_path / "out" / name).items()} == \
             {k: v.tobytes() for k, v in want.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Everywhere π0 goes: a LeRobot dataset, `zerojax serve`'s batch, the recipes as keys.
+
+DATASET = ["model.family=smolvla", "model.vocab_size=256", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
+           "model.n_kv_heads=2", "model.head_dim=8", "model.d_ff=64", "model.expert.d_model=24",
+           "model.expert.d_ff=48", "model.vision.image_size=32", "model.vision.patch_size=8",
+           "model.vision.d_model=16", "model.vision.n_layers=1", "model.vision.n_heads=2", "model.vision.d_ff=32",
+           "model.action.horizon=2", "model.action.prompt_len=32", "model.action.max_state_dim=8",
+           "model.action.max_action_dim=4", "model.action.action_dim=2", "model.action.cameras=2",
+           "data.image_size=32", "data.action_horizon=2", "data.prompt_len=32",
+           f"data.source=lerobot:{ROOT / 'tests' / 'fixtures' / 'lerobot' / 'tiny'}", "train.global_batch=8",
+           "zero.min_shard_size=64", "train.steps=1", "train.log_every=1", "train.eval_every=0",
+           "train.sample_tokens=0", "train.ckpt_every=1", "train.report=false", "optim.warmup_steps=0",
+           "model.remat=none", "mesh.data=1", "zero.stage=0", "zero.schedule=gspmd"]
+
+
+def test_serve_builds_the_batch_training_builds_and_answers_with_rtc(tmp_path):
+    """`zerojax serve`'s batch of a dataset frame (through π0's adapter, which SmolVLA declares)
+    equals the training row of that frame, and the served policy answers, with and without a
+    leftover chunk for real-time chunking."""
+    from zerojax import cli, config
+    from zerojax.data import sources
+    from zerojax.serve import policy
+
+    assert cli.main(["train", "--no-progress", *DATASET, f"train.out_dir={tmp_path / 'run'}"]) == 0
+    served = policy.load(tmp_path / "run", num_steps=2)
+    src = sources.open_source(config.load(overrides=DATASET))
+    ds, batch = src.source.dataset, src.rows(0, 0, slice(None))
+    index = int(src.source.frames_of(0, 0)[0])
+    numbers = ds.numbers(index, 2)
+    obs = {"observation.state": numbers["observation.state"].astype(np.float64), "prompt": numbers["task"],
+           **{c: ds.image(c, index, src.source.video) for c in src.cameras}}
+    got = served.batch(obs)
+    for key in ("tokens", "token_mask", "image_masks", "state"):
+        np.testing.assert_allclose(got[key][0], batch[key][0], atol=1e-6)
+    np.testing.assert_allclose(got["images"][0], batch["images"][0], atol=1e-6)
+    plain = served.actions(got, served.noise(0))
+    assert plain.shape == (2, 2) and np.isfinite(plain).all()
+    guided = served.batch({**obs, "prev_actions": np.ones((2, 2)), "inference_delay": 1})
+    assert guided["rtc_weights"].any()
+    assert not np.allclose(served.actions(guided, served.noise(0)), plain)
+
+
+@pytest.fixture(scope="module")
+def start_params(tmp_path_factory):
+    """The parameters every recipe's run starts from: a step at lr 0."""
+    from zerojax import cli
+    from zerojax.train import export
+
+    out = tmp_path_factory.mktemp("start")
+    assert cli.main(["train", "--no-progress", *DATASET, "optim.lr=0", f"train.out_dir={out}"]) == 0
+    return nnx_params(export.load_model(out)[2])
+
+
+@pytest.mark.parametrize("recipe, trained", [("optim.freeze=vlm", {"expert_norm", "state_proj", "action_in_proj"}),
+                                             ("optim.freeze=vision", {"connector", "embed_tokens", "expert_norm"})])
+def test_the_recipes_are_keys(recipe, trained, start_params, tmp_path):
+    """LeRobot's train_expert_only (its default) and freeze_vision_encoder as one key each: the
+    frozen components' parameters do not move in a step, the rest do."""
+    from zerojax import cli
+    from zerojax.train import export
+
+    # frozen parameters kept in fp32 (precision.frozen), so that "did not move" is exact
+    assert cli.main(["train", "--no-progress", *DATASET, recipe, "optim.lr=1e-2", "precision.frozen=float32",
+                     f"train.out_dir={tmp_path}"]) == 0
+    before, after = start_params, nnx_params(export.load_model(tmp_path)[2])
+    moved = {k for k in before if k != "layers" and not np.array_equal(before[k], after[k])}
+    frozen = {"vision", "vision_embeddings", "vision_post_layernorm"} | (
+        {"connector", "embed_tokens", "norm"} if recipe.endswith("vlm") else set())
+    assert trained <= moved and not moved & frozen
+    layers = {k: not np.array_equal(before["layers"][k], after["layers"][k]) for k in ("vlm_0", "expert_0")}
+    assert layers == {"vlm_0": not recipe.endswith("vlm"), "expert_0": True}
+
+
+def nnx_params(model) -> dict:
+    """{top-level name: its leaves concatenated} of a model's parameters; `layers` by unit member."""
+    import jax
+    from flax import nnx
+
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
+    out = {k: flat(v) for k, v in params.items() if k != "layers"}
+    out["layers"] = {k: flat(v) for k, v in params["layers"].items()}
+    return out

@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, llama, pi0, pi0_batch, protocol, siglip, smolvla_lerobot
+from zerojax.models import attention, llama, pi0, pi0_batch, protocol, rtc, siglip, smolvla_lerobot
 from zerojax.models.family import POLICY, Family
 from zerojax.models.smolvla_layers import Block, Shape
 from zerojax.models.vla import linear, time_embedding
@@ -140,12 +140,11 @@ class SmolVLA(pi0.Pi0):
         out = self.expert_norm(x["suffix"])[:, -self.shape.horizon:]
         return self.action_out_proj(out.astype(jnp.float32)).astype(jnp.float32)
 
-    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int | None = None, guide=None) -> jax.Array:
+    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int | None = None,
+                       guide: rtc.Guide | None = None) -> jax.Array:
         """Actions [B, H, max_action_dim] (normalized space): LeRobot 0.6.1's Euler steps from t = 1
-        to 0, the prefix's keys and values computed once (its KV cache). Real-time chunking's
-        guidance is not wired for SmolVLA yet (`guide` must be None)."""
-        if guide is not None:
-            raise ValueError("SmolVLA's sampler takes no real-time-chunking guide yet")
+        to 0, the prefix's keys and values computed once (its KV cache); with a `guide`, each
+        step's velocity is real-time chunking's (`zerojax.models.rtc`), as π0's."""
         num_steps = num_steps or self.num_steps
         prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
         B, P = prefix_pad.shape
@@ -170,7 +169,9 @@ class SmolVLA(pi0.Pi0):
         dt = jnp.float32(-1.0 / num_steps)
         x_t = noise.astype(jnp.float32)
         for time in self.euler_times(num_steps):
-            x_t = x_t + dt * velocity(x_t, jnp.float32(time))
+            t = jnp.float32(time)
+            v_t = velocity(x_t, t) if guide is None else rtc.guided(lambda x: velocity(x, t), x_t, t, guide)
+            x_t = x_t + dt * v_t
         return x_t
 
     @staticmethod
