@@ -144,4 +144,5 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 
 LEROBOT = LeRobotLayout(type="smolvla", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
                         to_config=to_lerobot_config,
-                        unused=lambda model: {LM_HEAD: (model["vocab_size"], model["d_model"])})
+                        unused=lambda model: {LM_HEAD: (model["vocab_size"], model["d_model"])},
+                        legacy=lambda config: False)  # LeRobot 0.3 had no SmolVLA
