@@ -76,7 +76,7 @@ def check(ckpt: Checkpoint, plan: plan_lib.Plan, table: dict, stacked: tuple[str
     """Every leaf of the plan (its model's, or `all_leaves`) has its tensor(s), of the shape the config implies."""
     for leaf in jax.tree.leaves(plan.leaves if all_leaves else base_leaves(plan)):
         tensor, layered = table[leaf.path], leaf.path.split("/")[0] in stacked
-        names = [tensor.name.format(i=i) for i in range(leaf.shape[0])] if layered else [tensor.name]
+        names = [tensor.at(i) for i in range(leaf.shape[0])] if layered else [tensor.name]
         want = _expected_shape(leaf, tensor, layered)
         for name in names:
             have = ckpt.shapes.get(ckpt.resolve(name))
@@ -100,7 +100,7 @@ def _leaf_slice(ckpt: Checkpoint, leaf, tensor: Tensor, layered: bool, index: tu
     inner = true[1:] if layered else true
     hf_index = tuple(reversed(inner)) if tensor.transposed else inner
     read = lambda name: (lambda x: x.T if tensor.transposed else x)(ckpt.read(name, hf_index))
-    value = np.stack([read(tensor.name.format(i=i)) for i in range(true[0].start, true[0].stop)]) if layered \
+    value = np.stack([read(tensor.at(i)) for i in range(true[0].start, true[0].stop)]) if layered \
         else read(tensor.name)
     block[tuple(slice(0, s.stop - s.start) for s in true)] = value
     return block
@@ -178,7 +178,7 @@ def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...], table: dict 
         tensor = table[path]
         flip = (lambda s: tuple(reversed(s))) if tensor.transposed else tuple
         if path.split("/")[0] in stacked:
-            out += [Entry(tensor.name.format(i=i), path, i, flip(shape[1:]), tensor.transposed)
+            out += [Entry(tensor.at(i), path, i, flip(shape[1:]), tensor.transposed)
                     for i in range(shape[0])]
         else:
             out.append(Entry(tensor.name, path, None, flip(shape), tensor.transposed))

@@ -299,7 +299,7 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     layout = registry.lerobot_layout(model["family"])
     base, stats, data = _run_policy(run_dir)
     config = layout.to_config(model, base)
-    v03 = "resize_imgs_with_padding" in config
+    v03 = layout.legacy(config)
     if data:
         config.update(_data_config(data, model["vision"]["image_size"], model["action"]["cameras"],
                                    DATA_MODES if v03 else {**DATA_MODES, **QUANTILE_MODES}))

@@ -45,13 +45,21 @@ class Field(NamedTuple):
 @dataclass(frozen=True)
 class Tensor:
     """Where a zerojax leaf lives in an HF checkpoint: the name (`{i}`: the layer of a stacked
-    leaf), whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel), and
+    leaf, `at`), whether HF stores it transposed ([out, in] for a zerojax [in, out] kernel), and
     whether the checkpoint's tensor may have more rows than the model uses (a position table
     longer than model.seq_len: the model reads its first rows)."""
 
     name: str
     transposed: bool = False
     may_be_longer: bool = False
+    # a stacked leaf whose unit holds `every` of the checkpoint's layers (SmolVLA's self- and
+    # cross-attention pair): its layer i is the checkpoint's layer i·every + offset
+    every: int = 1
+    offset: int = 0
+
+    def at(self, i: int) -> str:
+        """The tensor's name for layer i of a stacked leaf."""
+        return self.name.format(i=i * self.every + self.offset)
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,10 @@ class LeRobotLayout:
     # a run's model section -> {name: shape}: tensors LeRobot's model holds that zerojax's does not use
     # (π0's expert `lm_head`), written as zeros where model.init_from does not give them (0.6 loads strictly)
     unused: Callable[[dict], dict] | None = None
+    # config.json -> it is LeRobot 0.3's (statistics as buffers in model.safetensors, no processor
+    # files): by default π0's 0.3 marker, `resize_imgs_with_padding` (0.4+'s π0 says image_resolution);
+    # a family LeRobot 0.3 never had (SmolVLA, which keeps that key in 0.6) says never
+    legacy: Callable[[dict], bool] = lambda config: "resize_imgs_with_padding" in config
 
 
 class Rule(NamedTuple):

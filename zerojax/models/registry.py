@@ -19,11 +19,12 @@ from zerojax.models.family import POLICY, VISION_LANGUAGE
 
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
             "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0",
-            "pi05": "zerojax.models.pi05"}  # model.family -> module
+            "pi05": "zerojax.models.pi05", "smolvla": "zerojax.models.smolvla"}  # model.family -> module
 DEFAULT = next(iter(FAMILIES))  # model.family's default: the first (GPT-2, the course's model)
 # model.<section> keys a family declares beyond the shared ones: section -> its dataclass, in a
 # module of the family's with no jax (the config imports it)
-SECTIONS = {"expert": "zerojax.models.pi0_keys:ExpertConfig", "action": "zerojax.models.pi0_keys:ActionConfig"}
+SECTIONS = {"expert": "zerojax.models.pi0_keys:ExpertConfig", "action": "zerojax.models.pi0_keys:ActionConfig",
+            "smolvla": "zerojax.models.smolvla_keys:SmolVLAConfig"}
 
 
 def sections() -> dict[str, type]:

@@ -1,0 +1,243 @@
+"""SmolVLA in Flax NNX (`model.family=smolvla`): LeRobot's small vision-language-action model, as
+LeRobot 0.6.1's `VLAFlowMatching` (`smolvla/modeling_smolvla.py`) computes it, so that its
+checkpoints map one to one (`smolvla_lerobot`).
+
+A SmolVLM (a SigLIP-style tower, pixel shuffle and a linear connector, a Llama truncated to
+model.n_layers) reads the cameras, the prompt and the state (the *prefix*); an action expert, a
+Llama of the same depth, heads and head dim at model.expert.d_model (0.75 of the VLM's width),
+reads the noisy action chunk (the *suffix*). Its layers alternate self-attention over both
+streams with cross-attention to the VLM's keys and values (`smolvla_layers`).
+
+What differs from π0 (`pi0`, whose flow matching, loss and batch it shares):
+
+    the prefix    per camera its image tokens: the tower's output post-layernormed, pixel-shuffled
+                  by model.smolvla.pixel_shuffle, projected (no bias) and scaled by sqrt(D); then
+                  the prompt's embeddings x sqrt(D); then state_proj(state), one token of width D
+                  that starts a block (the images and prompt do not see it)
+    the suffix    H action tokens, action_time_mlp(action_in_proj(x_t) ++ sin/cos time), each
+                  starting a block of its own: causal among themselves
+    the units     `smolvla_layers.Block`: model.smolvla.self_attn_every_n_layers VLM layers and
+                  the expert layers that read them
+    sampling      LeRobot 0.6.1's Euler grid (t = 1 + k·dt in float64), model.smolvla.num_steps
+
+Two stacks (the unit protocol): `vision` (the tower's layers) and `layers` (the blocks).
+
+Shapes: B batch, P prefix, H action horizon, A max_action_dim, D VLM width, W expert width, E
+vision width, N patches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from zerojax.errors import ConfigError
+from zerojax.models import attention, llama, pi0, pi0_batch, protocol, rtc, siglip, smolvla_lerobot
+from zerojax.models.family import POLICY, Family
+from zerojax.models.smolvla_layers import Block, Shape
+from zerojax.models.vla import linear, time_embedding
+from zerojax.precision import Policy
+
+TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")
+LANGUAGE = ("embed_tokens", "norm", "layers/vlm_*")  # the text model: embeddings, final norm, each unit's VLM layers
+EXPERT = ("expert_norm", "layers/expert_*")  # the expert: its final norm and each unit's expert layers
+ACTION = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+# Named components (`optim.components`), for the fine-tuning recipes as one key each:
+#   optim.freeze=vlm      LeRobot's train_expert_only (its default): the SmolVLM frozen, the expert,
+#                         the state and action projections trained
+#   optim.freeze=vision   LeRobot's freeze_vision_encoder
+COMPONENTS = {"vision": TOWER, "language": LANGUAGE, "vlm": (*TOWER, "connector", *LANGUAGE),
+              "expert": EXPERT, "action": ACTION}
+
+
+def pixel_shuffle(x_BNE: jax.Array, scale: int) -> jax.Array:
+    """SmolVLMConnector.pixel_shuffle: [B, N, E] -> [B, N / scale², E·scale²], each s x s block of
+    patches concatenated (transformers' view/permute sequence, step by step)."""
+    B, N, E = x_BNE.shape
+    side = int(round(N ** 0.5))
+    x = x_BNE.reshape(B, side, side // scale, E * scale).transpose(0, 2, 1, 3)
+    x = x.reshape(B, side // scale, side // scale, E * scale * scale).transpose(0, 2, 1, 3)
+    return x.reshape(B, N // (scale * scale), E * scale * scale)
+
+
+class SmolVLA(pi0.Pi0):
+    """SmolVLA (module docstring): π0's flow matching and loss over SmolVLA's prefix, suffix and units."""
+
+    STACKED = ("vision", "layers")
+    COMPONENTS = COMPONENTS
+
+    def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs,
+                 spec: attention.Spec = attention.Spec(), num_steps: int = 10):
+        s, self.shape, self.vision_shape, self.num_steps = shape, shape, vision, num_steps
+        self.vision_embeddings = siglip.Embeddings(vision, policy, rngs)
+        self.vision = siglip.make_stack(vision, policy, rngs, spec)
+        self.vision_post_layernorm = siglip.layer_norm(vision.d_model, vision.norm_eps, policy, rngs)
+        self.connector = nnx.Linear(vision.d_model * s.pixel_shuffle ** 2, s.d_model, use_bias=False,
+                                    dtype=policy.compute, param_dtype=policy.param, rngs=rngs,
+                                    kernel_init=nnx.initializers.normal(llama.STD))
+        self.embed_tokens = nnx.Embed(s.vocab_size, s.d_model, dtype=policy.compute, param_dtype=policy.param,
+                                      embedding_init=nnx.initializers.normal(llama.STD), rngs=rngs)
+
+        @nnx.split_rngs(splits=s.n_layers // s.every)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_layers(rngs: nnx.Rngs) -> Block:
+            return Block(s, policy, rngs, spec)
+
+        self.layers = make_layers(rngs)
+        self.norm = llama._norm(s.d_model, s.norm_eps, policy, rngs)  # the VLM's final norm (output unused)
+        self.expert_norm = llama._norm(s.expert_d_model, s.norm_eps, policy, rngs)
+        W = s.expert_d_model
+        self.state_proj = linear(s.max_state_dim, s.d_model, policy, rngs)
+        self.action_in_proj = linear(s.max_action_dim, W, policy, rngs)
+        self.action_out_proj = linear(W, s.max_action_dim, policy, rngs)
+        self.action_time_mlp_in = linear(2 * W, W, policy, rngs)
+        self.action_time_mlp_out = linear(W, W, policy, rngs)
+
+    def between(self, name: str, x_ENE: jax.Array, batch: dict) -> dict:
+        prefix, prefix_pad = self.embed_prefix(x_ENE, batch)
+        suffix = self.suffix_of(batch, self.noisy_actions(batch), batch["time"])["suffix"]
+        B, P, S = prefix.shape[0], prefix.shape[1], suffix.shape[1]
+        pad = jnp.concatenate([prefix_pad, jnp.ones((B, S), bool)], axis=1)
+        ar = jnp.broadcast_to(jnp.asarray(self.prefix_ar(P) + self.suffix_ar(), jnp.int32), (B, P + S))
+        return {"prefix": prefix, "suffix": suffix, "pad": pad, "ar": ar}
+
+    def image_features(self, x_ENE: jax.Array, cameras: int) -> jax.Array:
+        """Each camera's image tokens, [B, cameras·N/s², D], scaled by sqrt(D) as LeRobot's embed_prefix."""
+        shuffled = pixel_shuffle(self.vision_post_layernorm(x_ENE), self.shape.pixel_shuffle)
+        features = self.connector(shuffled)
+        D = features.shape[-1]
+        features = features * jnp.asarray(D ** 0.5, features.dtype)
+        return features.reshape(-1, cameras * features.shape[1], D)
+
+    def embed_prefix(self, x_ENE: jax.Array, batch: dict):
+        """The prefix's embeddings [B, P, D] (images, prompt, state) and which tokens are real [B, P]."""
+        images, pad = super().embed_prefix(x_ENE, batch)
+        state = self.state_proj(batch["state"])[:, None].astype(images.dtype)
+        return jnp.concatenate([images, state], axis=1), jnp.concatenate([pad, jnp.ones_like(pad[:, :1])], axis=1)
+
+    @staticmethod
+    def prefix_ar(P: int) -> list[int]:
+        """The prefix's autoregressive flags: the state token (last) starts a block."""
+        return [0] * (P - 1) + [1]
+
+    def suffix_ar(self) -> list[int]:
+        """Every action token starts a block (LeRobot's [1] * chunk_size): causal among themselves."""
+        return [1] * self.shape.horizon
+
+    def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time_B: jax.Array) -> dict:
+        """The action tokens [B, H, W], and the prefix's pad (the cross-attention layers read it)."""
+        actions = self.action_in_proj(x_t_BHA)
+        times = jnp.broadcast_to(time_embedding(time_B, actions.shape[-1])[:, None].astype(actions.dtype),
+                                 actions.shape)
+        fused = self.action_time_mlp_out(jax.nn.silu(self.action_time_mlp_in(jnp.concatenate([actions, times], -1))))
+        return {"suffix": fused}
+
+    def velocity(self, x: dict) -> jax.Array:
+        out = self.expert_norm(x["suffix"])[:, -self.shape.horizon:]
+        return self.action_out_proj(out.astype(jnp.float32)).astype(jnp.float32)
+
+    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int | None = None,
+                       guide: rtc.Guide | None = None) -> jax.Array:
+        """Actions [B, H, max_action_dim] (normalized space): LeRobot 0.6.1's Euler steps from t = 1
+        to 0, the prefix's keys and values computed once (its KV cache); with a `guide`, each
+        step's velocity is real-time chunking's (`zerojax.models.rtc`), as π0's."""
+        num_steps = num_steps or self.num_steps
+        prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
+        B, P = prefix_pad.shape
+        prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
+        prefix_mask = attention.blocks(prefix_pad, jnp.broadcast_to(jnp.asarray(self.prefix_ar(P)), (B, P)))
+        graphdef, stacked = nnx.split(self.layers)
+        _, cache = jax.lax.scan(lambda h, layer: nnx.merge(graphdef, layer).prefix_kv(h, prefix_positions, prefix_mask),
+                                prefix, stacked)
+        H = self.shape.horizon
+        group = jnp.broadcast_to(jnp.arange(1, H + 1, dtype=jnp.int32), (B, H))  # causal, after the prefix
+        mask = attention.Mask(group, jnp.concatenate([jnp.zeros((B, P), jnp.int32), group], axis=1),
+                              k_valid=jnp.concatenate([prefix_pad.astype(bool), jnp.ones((B, H), bool)], axis=1))
+        positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.arange(H)[None]
+
+        def velocity(x_t, time):
+            carried = {"suffix": self.suffix_of(batch, x_t, jnp.broadcast_to(time, (B,)))["suffix"],
+                       "prefix_pad": prefix_pad}
+            out, _ = jax.lax.scan(lambda h, xs: (nnx.merge(graphdef, xs[0]).suffix_step(h, xs[1], positions, mask),
+                                                 None), carried, (stacked, cache))
+            return self.velocity(out)
+
+        dt = jnp.float32(-1.0 / num_steps)
+        x_t = noise.astype(jnp.float32)
+        for time in self.euler_times(num_steps):
+            t = jnp.float32(time)
+            v_t = velocity(x_t, t) if guide is None else rtc.guided(lambda x: velocity(x, t), x_t, t, guide)
+            x_t = x_t + dt * v_t
+        return x_t
+
+    @staticmethod
+    def euler_times(num_steps: int) -> np.ndarray:
+        """LeRobot 0.6.1's `euler_integrate`: t = 1 + k·dt in float64, then fp32."""
+        return np.asarray([1.0 + k * (-1.0 / num_steps) for k in range(num_steps)], np.float32)
+
+    @property
+    def prefix_len(self) -> int:
+        v = self.vision_shape
+        return self.shape.cameras * v.n_patches // self.shape.pixel_shuffle ** 2 + self.shape.prompt_len + 1
+
+    def flops_per_row(self) -> float:
+        """Training FLOPs of one row (PaLM appendix B: 6 per parameter per token it is applied to,
+        plus attention): the tower on every camera's N patches, the connector and the VLM's layers
+        on the P prefix tokens, the expert's layers and the action heads on the H suffix tokens,
+        and attention's 12·(queries·keys)·Q·K: the self-attention layers over P + H keys, the
+        cross-attention layers' prefix over P keys and suffix over P keys."""
+        params = nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
+        s, P, H = self.shape, self.prefix_len, self.shape.horizon
+        layers = params["layers"]
+        vlm = sum(size(v) for k, v in layers.items() if k.startswith("vlm_")) + size(params["connector"])
+        expert = sum(size(v) for k, v in layers.items() if k.startswith("expert_"))
+        expert += sum(size(params[k]) for k in ("expert_norm", *ACTION))
+        tower = sum(size(params[k]) for k in TOWER)
+        self_layers = s.n_layers // s.every
+        pairs = self_layers * (P + H) ** 2 + (s.n_layers - self_layers) * (P * P + H * P)
+        return (s.cameras * siglip.flops_per_image(tower, self.vision_shape) + 6 * vlm * P + 6 * expert * H
+                + 12 * pairs * s.n_heads * s.head_dim)
+
+
+def shape_of(cfg) -> Shape:
+    """The Shape of a ModelConfig (model.*, model.expert.*, model.action.*, model.smolvla.*)."""
+    a, v = cfg.action, cfg.smolvla
+    return Shape(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                 n_kv_heads=cfg.n_kv_heads or cfg.n_heads, head_dim=cfg.head_dim or cfg.d_model // cfg.n_heads,
+                 d_ff=cfg.d_ff, expert_d_model=cfg.expert.d_model, expert_d_ff=cfg.expert.d_ff, horizon=a.horizon,
+                 max_state_dim=a.max_state_dim, max_action_dim=a.max_action_dim,
+                 action_dim=a.action_dim or a.max_action_dim, cameras=a.cameras, prompt_len=a.prompt_len,
+                 norm_eps=cfg.norm_eps, every=v.self_attn_every_n_layers, pixel_shuffle=v.pixel_shuffle)
+
+
+def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> SmolVLA:
+    """The `model.family=smolvla` factory."""
+    return SmolVLA(shape=shape_of(cfg), vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs,
+                   spec=attention.spec_of(cfg), num_steps=cfg.smolvla.num_steps)
+
+
+def check_config(cfg) -> None:
+    """SmolVLA's rules: its blocks tile the depth, the patches tile the pixel shuffle, and the
+    expert's width holds its time embedding (even)."""
+    every, scale = cfg.smolvla.self_attn_every_n_layers, cfg.smolvla.pixel_shuffle
+    if cfg.n_layers % every:
+        raise ConfigError(f"model.n_layers={cfg.n_layers} is not a multiple of model.smolvla.self_attn_every_n_layers="
+                          f"{every}: each unit holds one self-attention layer and {every - 1} cross-attention ones")
+    if every > 8:
+        raise ConfigError(f"model.smolvla.self_attn_every_n_layers={every}: zerojax holds at most 8 layers a unit")
+    side = cfg.vision.image_size // cfg.vision.patch_size
+    if side % scale:
+        raise ConfigError(f"model.vision.image_size / patch_size = {side} patches a side is not divisible by "
+                          f"model.smolvla.pixel_shuffle={scale}; the pixel shuffle groups {scale} x {scale} patches")
+    if cfg.expert.d_model % 2:
+        raise ConfigError(f"model.expert.d_model={cfg.expert.d_model} must be even: the action tokens' sine-cosine "
+                          "time embedding has one sine and one cosine per frequency")
+
+
+FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=smolvla_lerobot.LEROBOT,
+                adapter=pi0_batch.ADAPTER)

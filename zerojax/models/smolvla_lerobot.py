@@ -1,0 +1,148 @@
+"""SmolVLA's LeRobot checkpoint layout (`SmolVLAPolicy.save_pretrained`: config.json with "type":
+"smolvla", model.safetensors with LeRobot's names `model.vlm_with_expert.…`), as LeRobot 0.6.1
+with transformers 5 writes it: the tensor table, the model keys config.json, the tensors' shapes
+and the SmolVLM directory it names imply, and config.json for an export.
+
+A unit holds two of LeRobot's layers (`smolvla_layers`: self_attn_every_n_layers = 2, LeRobot's
+default and every published SmolVLA's): its `vlm_0`/`expert_0` are LeRobot's layer 2i, its
+`vlm_1`/`expert_1` layer 2i + 1 (`Tensor.every`, `Tensor.offset`). Another interleaving, an
+expert shallower than the VLM (num_expert_layers) or attention_mode other than cross_attn is
+refused by name.
+
+The head counts are in no tensor's shape: they are read from the SmolVLM directory config.json
+names (`vlm_model_name`, as a path) where it is there, else the user's model keys, else
+SmolVLM2-500M's (15 heads, 5 key/value heads of 64; the tower's 12 heads).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from zerojax.errors import ConfigError
+from zerojax.models import siglip
+from zerojax.models.family import LeRobotLayout, Tensor
+
+ROOT = "model.vlm_with_expert."
+VLM = ROOT + "vlm.model."
+TEXT_LAYER = VLM + "text_model.layers.{i}."
+EXPERT_LAYER = ROOT + "lm_expert.layers.{i}."
+TOWER = VLM + "vision_model."
+LM_HEAD = ROOT + "vlm.lm_head.weight"  # SmolVLM's head: LeRobot saves it, SmolVLA never reads it
+EVERY = 2  # self_attn_every_n_layers this table maps
+HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+SMOLVLM2 = {"num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64, "rms_norm_eps": 1e-5,
+            "vision_heads": 12, "layer_norm_eps": 1e-6}  # SmolVLM2-500M's, where no SmolVLM config is at hand
+
+
+def _layer_tensors(stream: str, layer: str, offset: int) -> dict:
+    at = dict(every=EVERY, offset=offset)
+    out = {f"layers/{stream}/{norm}/scale": Tensor(layer + f"{norm}.weight", **at)
+           for norm in ("input_layernorm", "post_attention_layernorm")}
+    out.update({f"layers/{stream}/{p}/kernel": Tensor(layer + f"self_attn.{p}.weight", True, **at)
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj")})
+    out.update({f"layers/{stream}/mlp/{p}/kernel": Tensor(layer + f"mlp.{p}.weight", True, **at)
+                for p in ("gate_proj", "up_proj", "down_proj")})
+    return out
+
+
+LEROBOT_TENSORS = {
+    **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", TOWER),
+    "connector/kernel": Tensor(VLM + "connector.modality_projection.proj.weight", True),
+    "embed_tokens/embedding": Tensor(VLM + "text_model.embed_tokens.weight"),
+    "norm/scale": Tensor(VLM + "text_model.norm.weight"),
+    "expert_norm/scale": Tensor(ROOT + "lm_expert.norm.weight"),
+    **{k: v for j in range(EVERY) for k, v in _layer_tensors(f"vlm_{j}", TEXT_LAYER, j).items()},
+    **{k: v for j in range(EVERY) for k, v in _layer_tensors(f"expert_{j}", EXPERT_LAYER, j).items()},
+    **{f"{p}/{leaf}": Tensor(f"model.{p}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel")
+       for p in HEADS for leaf in ("kernel", "bias")},
+}
+
+
+def smolvlm_config(config: dict, where: str) -> dict:
+    """The SmolVLM directory's config.json that `vlm_model_name` names as a path (from the current
+    directory, or from a directory above the policy's), or {} where there is none (a hub name)."""
+    name = config.get("vlm_model_name") or ""
+    for base in (Path.cwd(), *Path(where).resolve().parents):
+        path = base / name / "config.json"
+        if name and path.is_file():
+            return json.loads(path.read_text())
+    return {}
+
+
+def _refuse_unmapped(config: dict, where: str, layers: int, expert_layers: int) -> None:
+    every = config.get("self_attn_every_n_layers", EVERY)
+    if config.get("attention_mode", "cross_attn") != "cross_attn" or every != EVERY:
+        raise ConfigError(f"{where}: attention_mode={config.get('attention_mode')!r}, self_attn_every_n_layers="
+                          f"{every}; zerojax reads SmolVLA's cross_attn with self_attn_every_n_layers={EVERY}")
+    if layers != expert_layers or layers % EVERY:
+        raise ConfigError(f"{where}: the VLM has {layers} layers and the expert {expert_layers}; zerojax's units "
+                          f"need the same depth, a multiple of {EVERY} (num_expert_layers=-1)")
+
+
+def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> dict:
+    """The model.* keys of a LeRobot SmolVLA checkpoint (module docstring)."""
+    def shape(name):
+        if name not in shapes:
+            raise ConfigError(f"{where}: model.safetensors has no tensor {name!r}, which a LeRobot SmolVLA has")
+        return tuple(shapes[name])
+
+    depth = lambda pattern: len({m.group(1) for k in shapes if (m := re.match(pattern, k))})  # noqa: E731
+    layers = depth(re.escape(VLM + "text_model.layers.") + r"(\d+)\.")
+    _refuse_unmapped(config, where, layers, depth(re.escape(ROOT + "lm_expert.layers.") + r"(\d+)\."))
+    vlm = smolvlm_config(config, where)
+    text, vision = vlm.get("text_config", {}), vlm.get("vision_config", {})
+    pick = lambda key, cfg, default_key=None: cfg.get(key, given.get(default_key or key, SMOLVLM2[default_key or key]))  # noqa: E731
+    vocab, width = shape(VLM + "text_model.embed_tokens.weight")
+    layer, expert = TEXT_LAYER.format(i=0), EXPERT_LAYER.format(i=0)
+    e, _, patch, _ = shape(TOWER + "embeddings.patch_embedding.weight")
+    n_patches = shape(TOWER + "embeddings.position_embedding.weight")[0]
+    missing = [k for k in ("chunk_size", "max_state_dim", "max_action_dim", "tokenizer_max_length") if k not in config]
+    if missing:
+        raise ConfigError(f"{where} has no {', '.join(missing)}; a LeRobot SmolVLA config.json holds them")
+    features = config.get("input_features") or {}
+    cameras = [k for k, f in features.items() if isinstance(f, dict) and f.get("type") == "VISUAL"]
+    action = (config.get("output_features") or {}).get("action", {}).get("shape", [config["max_action_dim"]])
+    heads = int(pick("num_attention_heads", text))
+    return {
+        "family": "smolvla", "vocab_size": vocab, "d_model": width, "n_layers": layers, "n_heads": heads,
+        "n_kv_heads": int(pick("num_key_value_heads", text)),
+        "head_dim": int(text.get("head_dim") or (width // heads if text else SMOLVLM2["head_dim"])),
+        "d_ff": shape(layer + "mlp.gate_proj.weight")[0], "norm_eps": float(pick("rms_norm_eps", text)),
+        "rope_theta": 10000.0,
+        "expert": {"d_model": shape(expert + "input_layernorm.weight")[0],
+                   "d_ff": shape(expert + "mlp.gate_proj.weight")[0]},
+        "vision": {"image_size": int(round(n_patches ** 0.5)) * patch, "patch_size": patch, "d_model": e,
+                   "n_layers": depth(re.escape(TOWER + "encoder.layers.") + r"(\d+)\."),
+                   "n_heads": int(vision.get("num_attention_heads") or (given.get("vision") or {}).get("n_heads")
+                                  or SMOLVLM2["vision_heads"]),
+                   "d_ff": shape(TOWER + "encoder.layers.0.mlp.fc1.weight")[0],
+                   "norm_eps": float(vision.get("layer_norm_eps", SMOLVLM2["layer_norm_eps"]))},
+        "action": {"horizon": config["chunk_size"], "max_state_dim": config["max_state_dim"],
+                   "max_action_dim": config["max_action_dim"], "action_dim": int(action[0]),
+                   "cameras": max(1, len(cameras) + config.get("empty_cameras", 0)),
+                   "prompt_len": config["tokenizer_max_length"]},
+        "smolvla": {"self_attn_every_n_layers": EVERY, "num_steps": int(config.get("num_steps", 10)),
+                    "pixel_shuffle": int(round((shape(VLM + "connector.modality_projection.proj.weight")[1] / e) ** 0.5))},
+    }
+
+
+def to_lerobot_config(model: dict, base: dict) -> dict:
+    """A LeRobot 0.6 SmolVLAConfig's config.json for a run's model section: `base` (the config.json
+    the run started from, or {}) with the keys the model fixes set from it."""
+    a, S, v = model["action"], model["vision"]["image_size"], model.get("smolvla", {})
+    out = {"type": "smolvla", "n_obs_steps": 1, **base}
+    out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
+               max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
+               tokenizer_max_length=a["prompt_len"], resize_imgs_with_padding=[S, S], num_vlm_layers=model["n_layers"],
+               self_attn_every_n_layers=v.get("self_attn_every_n_layers", EVERY), attention_mode="cross_attn",
+               num_expert_layers=-1, num_steps=v.get("num_steps", 10),
+               expert_width_multiplier=model["expert"]["d_model"] / model["d_model"])
+    return out
+
+
+LEROBOT = LeRobotLayout(type="smolvla", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
+                        to_config=to_lerobot_config,
+                        unused=lambda model: {LM_HEAD: (model["vocab_size"], model["d_model"])},
+                        legacy=lambda config: False)  # LeRobot 0.3 had no SmolVLA
