@@ -67,9 +67,10 @@ def check(cfg, features: dict) -> None:
             which = "max_state_dim" if key == STATE else "max_action_dim"
             raise ConfigError(f"data.source={d.source}: {key} has {width} dimensions, more than "
                               f"model.action.{which}={limit}; raise model.action.{which}")
-    if features[ACTION].shape[2] > m.action.action_dim:  # the real dimensions past it would leave the loss
+    real = m.action.action_dim or m.action.max_action_dim  # 0: every padded dimension is the loss's
+    if features[ACTION].shape[2] > real:  # the real dimensions past it would leave the loss
         raise ConfigError(f"data.source={d.source}: {ACTION} has {features[ACTION].shape[2]} dimensions, more than "
-                          f"model.action.action_dim={m.action.action_dim} (the loss's real dimensions); "
+                          f"model.action.action_dim={real} (the loss's real dimensions); "
                           f"set model.action.action_dim={features[ACTION].shape[2]}")
     if len(cameras) > m.action.cameras:
         raise ConfigError(f"data.source={d.source} has {len(cameras)} cameras ({', '.join(cameras)}), more than "
