@@ -78,7 +78,7 @@ def test_another_policy_type_is_refused(tmp_path):
     shutil.copytree(FIXTURE / "pi0", tmp_path / "act")
     config = json.loads((tmp_path / "act" / "config.json").read_text())
     (tmp_path / "act" / "config.json").write_text(json.dumps({**config, "type": "act"}))
-    with pytest.raises(ConfigError, match="a LeRobot 'act' policy; zerojax reads LeRobot's pi0, pi05 policies"):
+    with pytest.raises(ConfigError, match="a LeRobot 'act' policy; zerojax reads LeRobot's pi0, pi05, smolvla policies"):
         lerobot.load(tmp_path / "act")
 
 
@@ -198,7 +198,7 @@ def test_a_lerobot_policy_of_another_type_exits_2_naming_it(tmp_path, capsys):
     (tmp_path / "act" / "config.json").write_text(json.dumps({**config, "type": "act"}))
     assert cli.main(["train", f"model.init_from={tmp_path / 'act'}", f"train.out_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
-    assert "a LeRobot 'act' policy; zerojax reads LeRobot's pi0, pi05 policies" in err and err.count("\n") == 1
+    assert "a LeRobot 'act' policy; zerojax reads LeRobot's pi0, pi05, smolvla policies" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 

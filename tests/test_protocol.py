@@ -77,7 +77,7 @@ def test_a_checkpoint_of_it_resumes_on_another_mesh(tmp_path):
 
 
 @pytest.mark.parametrize("family, message", [
-    ("mystery", "model.family='mystery' is not valid; choose one of gpt, llama, gemma, paligemma, pi0, pi05, or module:factory"),
+    ("mystery", "model.family='mystery' is not valid; choose one of gpt, llama, gemma, paligemma, pi0, pi05, smolvla, or module:factory"),
     ("no_such_module:build", "model.family=no_such_module:build: cannot import no_such_module (ModuleNotFoundError"),
     ("twostack_model:nothing", "model.family=twostack_model:nothing: module twostack_model has no callable 'nothing'"),
     ("twostack_model:no_exit", "model.family=twostack_model:no_exit: the model has no `exit` method"),

@@ -160,14 +160,19 @@ def load(directory: str):
     """(ModelConfig, model) from an HF directory, on one device in fp32: `model.logits(tokens)`
     gives [B, T, V] logits; `enter`/`exit` make it trainable through the unit protocol."""
     cfg = ModelConfig(**hf_model_keys(directory), init_from=directory)
-    model = registry.build(cfg, Policy(), 0)
+    return cfg, one_device(cfg)
+
+
+def one_device(cfg: ModelConfig):
+    """cfg's model on one device in fp32, its weights read from cfg.init_from through the same path
+    as training's `model.init_from` (the Python APIs' `load`: this one, LeRobot's, openpi's)."""
+    model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), seed=0))
     units = Units.of(model)
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    plan = plan_lib.make_plan(params, 0, 1, 0, stacked=units.names)
+    plan = plan_lib.make_plan(nnx.to_pure_dict(nnx.state(model, nnx.Param)), 0, 1, 0, stacked=units.names)
     device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    loaded = init_params(directory, plan, device, cfg.family, units.names)
-    nnx.update(model, jax.device_get(loaded))
-    return cfg, model
+    loaded = init_params(cfg.init_from, plan, device, cfg.family, units.names)
+    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(loaded)))
+    return model
 
 
 def hf_tensors(family: str, shapes: dict, stacked: tuple[str, ...], table: dict | None = None) -> list[Entry]:

@@ -372,24 +372,11 @@ def load(directory, vision_heads: int | None = None):
     """(cfg, model): a LeRobot policy directory's ModelConfig and its model on one device, in fp32,
     each tensor read through the same path as `model.init_from`. `vision_heads`: the tower's
     head count, which no tensor's shape holds (None: the family's layout's default)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     from zerojax.config.sections import ModelConfig
     from zerojax.interop import hf
-    from zerojax.models.protocol import Units
-    from zerojax.parallel import plan as plan_lib
-    from zerojax.precision import Policy
 
     directory = str(directory)
     read_config(Path(directory))
     given = {"vision": {"n_heads": vision_heads}} if vision_heads else {}
     cfg = ModelConfig(**hf_model_keys(directory, given), init_from=directory)
-    model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), seed=0))
-    units = Units.of(model)
-    plan = plan_lib.make_plan(nnx.to_pure_dict(nnx.state(model, nnx.Param)), 0, 1, 0, stacked=units.names)
-    device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    loaded = hf.init_params(directory, plan, device, cfg.family, units.names)
-    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(loaded)))
-    return cfg, model
+    return cfg, hf.one_device(cfg)

@@ -159,26 +159,13 @@ def load(directory, given: dict | None = None):
     """(cfg, model): an openpi checkpoint's ModelConfig and its model on one device, in fp32, read
     through the same path as `model.init_from`. `given`: model keys no shape holds
     ({"action": {"horizon": 10, "prompt_len": 48}}) and, optionally, the family."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     from zerojax.config import hf_model_keys
     from zerojax.config.sections import ModelConfig
     from zerojax.interop import hf
-    from zerojax.models.protocol import Units
-    from zerojax.parallel import plan as plan_lib
-    from zerojax.precision import Policy
 
     directory, given = str(directory), dict(given or {})
     keys = hf_model_keys(directory, given)
     for key, value in given.items():
         keys[key] = {**value, **keys.get(key, {})} if isinstance(value, dict) else keys.get(key, value)
     cfg = ModelConfig(**keys, init_from=directory)
-    model = nnx.eval_shape(lambda: registry.build(cfg, Policy(), seed=0))
-    units = Units.of(model)
-    plan = plan_lib.make_plan(nnx.to_pure_dict(nnx.state(model, nnx.Param)), 0, 1, 0, stacked=units.names)
-    device = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    loaded = hf.init_params(directory, plan, device, cfg.family, units.names)
-    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(loaded)))
-    return cfg, model
+    return cfg, hf.one_device(cfg)

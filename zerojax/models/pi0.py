@@ -327,13 +327,7 @@ class Pi0(nnx.Module):
                                   (stacked, cache))
             return self.velocity(out)
 
-        dt = jnp.float32(-1.0 / num_steps)
-        x_t = noise.astype(jnp.float32)
-        for time in self.euler_times(num_steps):
-            t = jnp.float32(time)
-            v_t = velocity(x_t, t) if guide is None else rtc.guided(lambda x: velocity(x, t), x_t, t, guide)
-            x_t = x_t + dt * v_t
-        return x_t
+        return rtc.integrate(velocity, noise, self.euler_times(num_steps), guide)
 
     def suffix_of(self, batch: dict, x_t: jax.Array, time_B: jax.Array) -> dict:
         """What the suffix layers carry while sampling: {"suffix": [B, S, W]}."""

@@ -95,3 +95,16 @@ def leftover_rows(leftover: np.ndarray | None, delay: int, horizon: int, total: 
     padded = np.zeros((total, width), np.float32)
     padded[:k, : leftover.shape[1]] = leftover[:k, :width]
     return padded, prefix_weights(delay, min(horizon, k), total, schedule)
+
+
+def integrate(velocity, noise: jax.Array, times: np.ndarray, guide: Guide | None) -> jax.Array:
+    """Euler steps of `velocity(x_t, t)` from the noise at t = times[0] = 1 towards 0, dt = -1 /
+    len(times) (a policy family's sampler; `times`: its `euler_times`); with a `guide`, each
+    step's velocity is real-time chunking's (`guided`)."""
+    dt = jnp.float32(-1.0 / len(times))
+    x_t = noise.astype(jnp.float32)
+    for time in times:
+        t = jnp.float32(time)
+        v_t = velocity(x_t, t) if guide is None else guided(lambda x: velocity(x, t), x_t, t, guide)
+        x_t = x_t + dt * v_t
+    return x_t

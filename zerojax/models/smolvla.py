@@ -166,13 +166,7 @@ class SmolVLA(pi0.Pi0):
                                                  None), carried, (stacked, cache))
             return self.velocity(out)
 
-        dt = jnp.float32(-1.0 / num_steps)
-        x_t = noise.astype(jnp.float32)
-        for time in self.euler_times(num_steps):
-            t = jnp.float32(time)
-            v_t = velocity(x_t, t) if guide is None else rtc.guided(lambda x: velocity(x, t), x_t, t, guide)
-            x_t = x_t + dt * v_t
-        return x_t
+        return rtc.integrate(velocity, noise, self.euler_times(num_steps), guide)
 
     @staticmethod
     def euler_times(num_steps: int) -> np.ndarray:
