@@ -68,8 +68,7 @@ def check(cfg, features: dict) -> None:
             raise ConfigError(f"data.source={d.source}: {key} has {width} dimensions, more than "
                               f"model.action.{which}={limit}; raise model.action.{which}")
     real = m.action.action_dim or m.action.max_action_dim  # 0: every padded dimension is the loss's
-    # the real dimensions past it would leave the loss (no dataset named: the widest batch, padded)
-    if d.source != "stdlib" and features[ACTION].shape[2] > real:
+    if features[ACTION].shape[2] > real:  # the real dimensions past it would leave the loss
         raise ConfigError(f"data.source={d.source}: {ACTION} has {features[ACTION].shape[2]} dimensions, more than "
                           f"model.action.action_dim={real} (the loss's real dimensions); "
                           f"set model.action.action_dim={features[ACTION].shape[2]}")
@@ -95,7 +94,7 @@ def widest(cfg) -> dict:
     a, d, B = cfg.model.action, cfg.data, cfg.train.global_batch
     cameras = {f"{CAMERA}camera{i}": Field((B, 3, d.image_size, d.image_size), "float32") for i in range(a.cameras)}
     return {STATE: Field((B, a.max_state_dim), "float32"), **cameras,
-            ACTION: Field((B, d.action_horizon, a.max_action_dim), "float32"),
+            ACTION: Field((B, d.action_horizon, a.action_dim or a.max_action_dim), "float32"),  # the loss's width
             "action_is_pad": Field((B, d.action_horizon), "bool"), "tokens": Field((B, d.prompt_len), "int32"),
             "token_mask": Field((B, d.prompt_len), "bool")}
 
