@@ -284,22 +284,29 @@ def test_policy_memory_tables_pick_the_smallest_device_count_that_fits_each_card
     assert "| 80 GB | 59.0 GB (0.75 x card - 1 GB) | 2 devices | 1 device | 1 device | 1 device |" in lines
 
 
-def test_pi05_steps_tiny_size_is_the_lerobot_fixtures_model():
-    """scripts/bench/pi05_step.py's "tiny" size, as zerojax's config, is the model of the LeRobot
-    0.6.1 fixture it names (tests/fixtures/lerobot06/pi05, its config read as `model.init_from`
-    reads it): the side by side times the same model on both sides."""
+@pytest.mark.parametrize("family,fixture,given", [("pi05", "pi05", {"vision": {"n_heads": 2}}), ("smolvla", "smolvla", {})])
+def test_policy_steps_tiny_size_is_the_lerobot_fixtures_model(family, fixture, given, monkeypatch):
+    """scripts/bench/policy_step.py's "tiny" size of each family, as zerojax's config, is the model
+    of the LeRobot 0.6.1 fixture it names (tests/fixtures/lerobot06/FAMILY, its config read as
+    `model.init_from` reads it): the side by side times the same model on both sides."""
     import dataclasses
 
-    import pi05_step  # scripts/bench/pi05_step.py
+    import policy_step  # scripts/bench/policy_step.py
     from zerojax import config
     from zerojax.interop import lerobot
 
-    ours = config.load(overrides=pi05_step.zerojax_overrides(pi05_step.SIZES["tiny"])).model
-    fixture = lerobot.hf_model_keys(str(ROOT / "tests" / "fixtures" / "lerobot06" / "pi05"), {"vision": {"n_heads": 2}})
-    for key, value in fixture.items():
+    monkeypatch.chdir(ROOT)  # SmolVLA's config.json names its SmolVLM directory from the repository root
+    spec = policy_step.FAMILIES[family]
+    ours = config.load(overrides=spec["overrides"](spec["sizes"]["tiny"])).model
+    theirs = lerobot.hf_model_keys(str(ROOT / "tests" / "fixtures" / "lerobot06" / fixture), given)
+    compared = 0
+    for key, value in theirs.items():
         mine = getattr(ours, key)
         if dataclasses.is_dataclass(mine):
             for sub, v in value.items():
                 assert getattr(mine, sub) == v, (key, sub)
+                compared += 1
         elif key not in ("init_from",):
             assert mine == value, key
+            compared += 1
+    assert compared > 20

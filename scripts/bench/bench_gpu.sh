@@ -13,7 +13,7 @@
 #        stage 3, full and openpi's LoRA: samples/s, MFU, peak memory against analyze (zerojax's side of
 #        BENCHMARKS.md's "π0.5's training step against LeRobot 0.6.1"). LeRobot's side needs LeRobot 0.6.1
 #        with a CUDA torch, which the GPU image lacks; where a venv has them:
-#        python scripts/bench/pi05_step.py --threads 0 --lerobot-device cuda --lerobot-python VENV/bin/python
+#        python scripts/bench/policy_step.py --threads 0 --lerobot-device cuda --lerobot-python VENV/bin/python
 #
 # PYTHON picks the interpreter (GPU: the image's python3, with its jax; dry run: .venv's, else
 # python3). Record the GPU run's summary in BENCHMARKS.md with the date and this command.
