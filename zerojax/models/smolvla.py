@@ -50,8 +50,13 @@ ACTION = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in
 #   optim.freeze=vlm      LeRobot's train_expert_only (its default): the SmolVLM frozen, the expert,
 #                         the state and action projections trained
 #   optim.freeze=vision   LeRobot's freeze_vision_encoder
+#   optim.lora.targets=lerobot_lora optim.lora.rank=8 optim.lora.alpha=8
+#                         LeRobot's LoRA (`--peft.method_type=lora`: SmolVLAPolicy's default PEFT
+#                         targets, the expert's q and v projections and the state and action
+#                         projections, at PEFT's default rank and alpha; everything else frozen)
 COMPONENTS = {"vision": TOWER, "language": LANGUAGE, "vlm": (*TOWER, "connector", *LANGUAGE),
-              "expert": EXPERT, "action": ACTION}
+              "expert": EXPERT, "action": ACTION,
+              "lerobot_lora": ("layers/expert_*/q_proj", "layers/expert_*/v_proj", *ACTION)}
 
 
 def pixel_shuffle(x_BNE: jax.Array, scale: int) -> jax.Array:
