@@ -189,6 +189,56 @@ def test_serve_builds_the_batch_training_builds_and_answers_with_rtc(tmp_path):
     assert not np.allclose(served.actions(guided, served.noise(0)), plain)
 
 
+@pytest.mark.parametrize("family, padding", [("pi0", "centred"), ("pi05", "centred"), ("smolvla", "before")])
+def test_a_camera_that_is_not_square_is_padded_as_lerobot_061_pads_it(family, padding):
+    """tests/fixtures/lerobot06/padding.safetensors, from LeRobot 0.6.1's own functions
+    (scripts/fixtures/make_lerobot06_padding.py): π0 and π0.5 centre (openpi's), SmolVLA pads the
+    top and left; the family's declaration says which, for training and serving alike."""
+    from zerojax.data import lerobot as lerobot_data
+    from zerojax.data import lerobot_frames
+
+    ref = load_file(FIXTURE / "padding.safetensors")
+    for name in ("wide", "tall"):
+        image = ref[name][0] * np.float32(2) - np.float32(1)
+        got = lerobot_frames.resize_with_pad(image, 16, lerobot_data.pads_before(family))
+        np.testing.assert_allclose(got, ref[f"{name}.{padding}"][0], atol=1e-6, err_msg=name)
+
+
+def test_smolvlas_training_rows_pad_a_wide_camera_on_top():
+    """The fixture dataset's front camera is 24 x 32: resized into 32 x 32, SmolVLA's row has its 8
+    rows of padding on top, as LeRobot's SmolVLA would see it (and so would its export)."""
+    from zerojax import config
+    from zerojax.data import sources
+
+    src = sources.open_source(config.load(overrides=DATASET))
+    front = src.source.item(int(src.source.frames_of(0, 0)[0]))["observation.images.front"]
+    assert (front[:, :8] == -1).all() and not (front[:, -8:] == -1).all()
+
+
+def test_a_lerobot_smolvla_directory_is_served_as_lerobot_061_answers(monkeypatch):
+    """`zerojax serve DIR` of LeRobot's own SmolVLA directory, against LeRobot 0.6.1's processors and
+    `predict_action_chunk` on robot observations (scripts/fixtures/make_smolvla_serve_fixture.py:
+    the state in robot units, uint8 HWC cameras, cam0 48 x 64 padded on top, fixed noise): the
+    tokenizer is the SmolVLM directory's that config.json names, and the chunk is unnormalized."""
+    import json
+
+    from safetensors import safe_open
+
+    from zerojax.serve import policy
+
+    monkeypatch.chdir(ROOT)  # config.json names its SmolVLM directory from the repository root
+    with safe_open(FIXTURE / "smolvla.serve_reference.safetensors", "numpy") as f:
+        ref = {k: f.get_tensor(k) for k in f.keys()}
+        tasks = json.loads(f.metadata()["tasks"])
+    served = policy.load(FIXTURE / "smolvla", num_steps=10)  # no --tokenizer: the SmolVLM directory's
+    assert "LeRobot 0.4+ smolvla checkpoint" in served.where and served.pad_before
+    for b, task in enumerate(tasks):
+        obs = {"observation.state": ref["state"][b], "observation.images.cam0": ref["cam0"][b],
+               "observation.images.cam1": ref["cam1"][b], "prompt": task}
+        actions = served.actions(served.batch(obs), ref["noise"][b:b + 1])
+        np.testing.assert_allclose(actions, ref["actions"][b], rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def start_params(tmp_path_factory):
     """The parameters every recipe's run starts from: a step at lr 0."""

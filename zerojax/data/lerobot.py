@@ -137,7 +137,15 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
     check_normalized_range(dataset, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info)
+    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info,
+                         pad_before=pads_before(cfg.model.family))
+
+
+def pads_before(family: str) -> bool:
+    """Whether the family pads a camera that is not square on the top and left (`PolicyAdapter.pad_before`)."""
+    from zerojax.models import registry  # a family's declaration, read when a source opens
+
+    return registry.is_policy(family) and registry.adapter(family).pad_before
 
 
 NORMALIZED_LIMIT = 1e3  # a quantile-normalized value this far outside [-1, 1] is a collapsed range, not an outlier
@@ -210,8 +218,8 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
     float32 [D_s] in the robot's units, each camera float32 [3, h, w] in [0, 1] and the task's
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
     tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
-    served policy reads cannot drift from what it was trained on (`pad_before`: a LeRobot 0.3.x
-    checkpoint's padding, `lerobot_frames.resize_with_pad`)."""
+    served policy reads cannot drift from what it was trained on (`pad_before`: the top-left
+    padding of SmolVLA and of LeRobot 0.3.x's π0, `lerobot_frames.resize_with_pad`)."""
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
         out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
@@ -222,8 +230,10 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
 class LeRobotSource:
     """The source (module docstring): `item(index)` is one frame's row, `rows` a step's."""
 
-    def __init__(self, dataset, spec, cameras, norms, tokenizer, seed: int, val_fraction: float, info: dict):
+    def __init__(self, dataset, spec, cameras, norms, tokenizer, seed: int, val_fraction: float, info: dict,
+                 pad_before: bool = False):
         self.dataset, self._spec, self.cameras, self.norms, self.info = dataset, spec, cameras, norms, info
+        self.pad_before = pad_before
         self.tokenizer, self.seed = tokenizer, seed
         self.horizon = spec[ACTION].shape[1]
         self.prompt_len = spec["tokens"].shape[1]
@@ -279,7 +289,7 @@ class LeRobotSource:
     def item(self, index: int) -> dict:
         raw, stats = self.raw_item(index), self.dataset.stats
         out = observation(raw, self.cameras, stats.get(STATE, {}), self.norms[STATE], self.size, self.prompt_len,
-                          self.tokenizer)
+                          self.tokenizer, self.pad_before)
         out[ACTION] = normalize(raw[ACTION], stats.get(ACTION, {}), self.norms[ACTION])
         out["action_is_pad"] = raw["action_is_pad"]
         return out

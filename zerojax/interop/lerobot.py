@@ -49,7 +49,7 @@ from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, f
 
 # model.safetensors' metadata in an export: zerojax trains with openpi's centred image padding,
 # LeRobot 0.3.x pads top and left, so `zerojax serve` of the export knows which it learnt with.
-PADDING_KEY, CENTRED = "zerojax.image_padding", "centre"
+PADDING_KEY, CENTRED, BEFORE = "zerojax.image_padding", "centre", "before"
 INIT_DIR = "lerobot_init"  # RUN_DIR/lerobot_init/: the LeRobot checkpoint's config.json and statistics
 ALIAS = "alias:"  # an export's second name for a leaf's tensor (LeRobotLayout.aliases)
 STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's normalizer saves them
@@ -83,15 +83,17 @@ def buffer_name(module: str, feature: str, stat: str) -> str:
 
 
 def image_padding(directory) -> str:
-    """How a LeRobot π0 directory's images were padded in training: "centre" (openpi's, LeRobot
-    0.4's, and a zerojax export's: PADDING_KEY) or "before" (LeRobot 0.3.x pads top and left;
-    a 0.4 directory has processor files)."""
+    """How a LeRobot policy directory's images were padded in training, as its family's own
+    convention leaves it open: a zerojax export names it (PADDING_KEY); else "centre" (openpi's,
+    LeRobot 0.4's π0: a 0.4 directory has processor files) or "before" (LeRobot 0.3.x pads top
+    and left). SmolVLA pads top and left in every version (`PolicyAdapter.pad_before`)."""
     from safetensors import safe_open
 
     directory = Path(directory)
     with safe_open(directory / "model.safetensors", framework="numpy") as f:
-        if (f.metadata() or {}).get(PADDING_KEY) == CENTRED:
-            return CENTRED
+        named = (f.metadata() or {}).get(PADDING_KEY)
+        if named in (CENTRED, BEFORE):
+            return named
     return CENTRED if (directory / "policy_preprocessor.json").is_file() else "before"
 
 
@@ -159,8 +161,16 @@ def read_policy(directory) -> PolicyDir:
     prompt_len = config.get("tokenizer_max_length")
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.3" if not (directory / "policy_preprocessor.json").is_file() else
-                     "0.6" if key == "image_resolution" else "0.4",
+                     "0.6" if key == "image_resolution" else "0.4+",
                      image_padding(directory) == "before")
+
+
+def named_tokenizer(directory) -> str | None:
+    """The tokenizer.json a LeRobot policy directory names where it is at hand (its family's
+    `LeRobotLayout.tokenizer`: SmolVLA's local SmolVLM directory), else None."""
+    config = read_config(directory)
+    _, layout = registry.lerobot_layouts()[config["type"]]
+    return layout.tokenizer(config, str(directory))
 
 
 def init_files(directory) -> dict:
@@ -339,7 +349,8 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
 
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: CENTRED}), tensors, blocks, dtype)
+    padding = BEFORE if registry.adapter(model["family"]).pad_before else CENTRED
+    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: padding}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     if steps:
         processors.write(tmp, config, stats, steps, tokenizer)

@@ -103,6 +103,10 @@ class LeRobotLayout:
     # files): by default π0's 0.3 marker, `resize_imgs_with_padding` (0.4+'s π0 says image_resolution);
     # a family LeRobot 0.3 never had (SmolVLA, which keeps that key in 0.6) says never
     legacy: Callable[[dict], bool] = lambda config: "resize_imgs_with_padding" in config
+    # (config.json, its directory) -> the tokenizer.json the checkpoint names where it is at hand
+    # (SmolVLA's `vlm_model_name`, a local SmolVLM directory), else None: `zerojax serve` then
+    # needs --tokenizer (π0's PaliGemma tokenizer is on the Hub, not in the directory)
+    tokenizer: Callable[[dict, str], str | None] = lambda config, where: None
 
 
 class Rule(NamedTuple):
@@ -162,6 +166,10 @@ class PolicyAdapter:
     # widths, every camera slot filled): the batch `zerojax analyze` and `plan` compile when no
     # dataset is named, which is the batch of any dataset that fits (the adapter pads to these)
     widest: Callable[[Any], dict]
+    # a camera that is not square is padded on the top and left when resized to the model's size,
+    # not centred (SmolVLA's `resize_with_pad` in every LeRobot version; π0's and π0.5's centre, as
+    # openpi): in training, `serve` and `rollout` alike, and named in an export's metadata
+    pad_before: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ vision width, N patches.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import jax
@@ -239,4 +241,4 @@ def check_config(cfg) -> None:
 
 
 FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=smolvla_lerobot.LEROBOT,
-                adapter=pi0_batch.ADAPTER)
+                adapter=dataclasses.replace(pi0_batch.ADAPTER, pad_before=True))  # LeRobot's resize_with_pad

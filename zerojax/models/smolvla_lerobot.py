@@ -60,15 +60,27 @@ LEROBOT_TENSORS = {
 }
 
 
-def smolvlm_config(config: dict, where: str) -> dict:
-    """The SmolVLM directory's config.json that `vlm_model_name` names as a path (from the current
-    directory, or from a directory above the policy's), or {} where there is none (a hub name)."""
+def smolvlm_file(config: dict, where: str, file: str) -> Path | None:
+    """A file of the SmolVLM directory `vlm_model_name` names as a path (from the current
+    directory, or from a directory above the policy's), or None where there is none (a hub name)."""
     name = config.get("vlm_model_name") or ""
     for base in (Path.cwd(), *Path(where).resolve().parents):
-        path = base / name / "config.json"
+        path = base / name / file
         if name and path.is_file():
-            return json.loads(path.read_text())
-    return {}
+            return path
+    return None
+
+
+def smolvlm_config(config: dict, where: str) -> dict:
+    """The SmolVLM directory's config.json (`smolvlm_file`), or {} where there is none."""
+    path = smolvlm_file(config, where, "config.json")
+    return json.loads(path.read_text()) if path else {}
+
+
+def smolvlm_tokenizer(config: dict, where: str) -> str | None:
+    """The SmolVLM directory's tokenizer.json, which LeRobot's processor tokenizes the task with."""
+    path = smolvlm_file(config, where, "tokenizer.json")
+    return str(path) if path else None
 
 
 def _refuse_unmapped(config: dict, where: str, layers: int, expert_layers: int) -> None:
@@ -145,4 +157,5 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 LEROBOT = LeRobotLayout(type="smolvla", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
                         to_config=to_lerobot_config,
                         unused=lambda model: {LM_HEAD: (model["vocab_size"], model["d_model"])},
-                        legacy=lambda config: False)  # LeRobot 0.3 had no SmolVLA
+                        legacy=lambda config: False,  # LeRobot 0.3 had no SmolVLA
+                        tokenizer=smolvlm_tokenizer)

@@ -65,7 +65,7 @@ class ServedPolicy:
     num_steps: int
     seed: int
     fps: float = 0.0
-    pad_before: bool = False  # a LeRobot 0.3.x checkpoint's image padding (lerobot_frames.resize_with_pad)
+    pad_before: bool = False  # a LeRobot 0.3.x π0 checkpoint's image padding (lerobot_frames.resize_with_pad); the family's own is added
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
@@ -77,6 +77,7 @@ class ServedPolicy:
         self.state_dim = width(self.features[STATE])
         self.action_dim = width(self.features[ACTION])
         self.adapter = registry.adapter(self.model_keys["family"])
+        self.pad_before = self.pad_before or self.adapter.pad_before  # SmolVLA pads top and left in every version
         self.horizon, chunk_width = self.adapter.chunk(self.model_keys)
         graphdef, self.params = nnx.split(self.model)
         shape = (1, self.horizon, chunk_width)
@@ -374,10 +375,12 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
         raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {where} is a LeRobot checkpoint (one "
                           "step): drop --step")
     lerobot_io.read_config(directory)
+    tokenizer = tokenizer or lerobot_io.named_tokenizer(directory)
     if tokenizer is None:
         raise ConfigError(f"{where} is a LeRobot checkpoint, which does not carry its tokenizer (LeRobot's π0 loads "
-                          "google/paligemma-3b-pt-224's from the Hub): give --tokenizer PATH, that model's "
-                          "tokenizer.json (or the one the policy was trained with)")
+                          "google/paligemma-3b-pt-224's from the Hub; a SmolVLA names its SmolVLM, here not a local "
+                          "directory): give --tokenizer PATH, that model's tokenizer.json (or the one the policy was "
+                          "trained with)")
     found = lerobot_io.read_policy(directory)
     tok = corpus.load_tokenizer(tokenizer)
     cfg, model = lerobot_io.load(directory, vision_heads)
