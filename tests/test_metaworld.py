@@ -146,6 +146,27 @@ def test_the_same_seed_gives_the_same_episodes_and_another_seed_others(run_dir):
     assert not np.array_equal(first[0][1], other[0][1])  # another seed: other initial states
 
 
+# a SmolVLA as small: 16 px images of 4 px patches, pixel-shuffled by 2 to 4 image tokens
+SMOLVLA = ["model.family=smolvla", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.expert.d_model=24",
+           "model.expert.d_ff=48", "model.vision.image_size=16", "data.image_size=16"]
+SMOLVLA = [x for x in PI0 if not x.startswith(tuple(k.split("=")[0] + "=" for k in SMOLVLA))] + SMOLVLA
+
+
+@pytest.mark.slow
+def test_a_rollout_of_a_tiny_smolvla_runs_through_its_family_declaration(collected, capsys, tmp_path):
+    """`zerojax rollout` of a SmolVLA run (trained one step on the collected episodes): the episodes
+    are counted, and a second rollout with the same seed plays the same episodes."""
+    assert cli.main(["train", "--no-progress", f"data.source=lerobot:{collected[0]}", *SMOLVLA,
+                     f"train.out_dir={tmp_path / 'run'}"]) == 0
+    capsys.readouterr()  # training's lines
+    argv = [str(tmp_path / "run"), "--env", f"metaworld:{TASK}", "--episodes", "2", "--max-steps", "6",
+            "--n-action-steps", "3", "--num-steps", "2"]
+    doc = rollout_json(argv, capsys)
+    assert doc["tasks"][TASK]["episodes"] == 2 and 0 <= doc["tasks"][TASK]["successes"] <= 2
+    assert doc["seam_jump"] > 0 and doc["inner_jump"] > 0  # actions that moved the arm, chunk after chunk
+    assert rollout_json(argv, capsys) == doc
+
+
 def test_the_scripted_expert_succeeds_through_the_same_loop(metaworld, capsys):
     doc = rollout_json(["--policy", "expert", "--env", f"metaworld:{TASK}", "--episodes", "2"], capsys)
     r = doc["tasks"][TASK]
