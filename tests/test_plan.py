@@ -53,6 +53,9 @@ def test_the_space_keeps_the_batch_and_the_rules():
         config.load(overrides=TINY + SMALL + c.overrides())
     gspmd = plan.space(config.load(overrides=TINY + SMALL + ["zero.schedule=gspmd"]), 8)
     assert {c.offload for c in gspmd} == {"none"} and {c.gather for c in gspmd} == {"auto"}
+    one = plan.space(cfg, 1)  # one device gathers nothing: the gather dtype and prefetch are the user's
+    assert {(c.gather, c.prefetch) for c in one} == {(cfg.precision.gather, cfg.zero.prefetch)}
+    assert {(c.stage, c.offload, c.remat) for c in one} == {(c.stage, c.offload, c.remat) for c in cands}
 
 
 def test_the_memory_order():

@@ -67,7 +67,9 @@ def space(cfg, dp: int) -> list[Candidate]:
     """Every candidate `cfg`'s rules allow on `dp` data-parallel devices."""
     rows = cfg.train.global_batch
     accums = [k for k in range(1, rows + 1) if rows % (k * dp) == 0]
-    gathers = dict.fromkeys((cfg.precision.gather, "int8"))
+    # the gather dtype and the prefetch depth shape the collectives, of which one device has none:
+    # there the user's are kept (int8 would only cost the weights precision), not compiled again
+    gathers = dict.fromkeys((cfg.precision.gather, "int8")) if dp > 1 else (cfg.precision.gather,)
     out = []
     for stage, offload, remat, accum, gather in itertools.product(rules.STAGES, rules.OFFLOADS, rules.REMATS,
                                                                  accums, gathers):
@@ -75,7 +77,7 @@ def space(cfg, dp: int) -> list[Candidate]:
             continue
         if offload != "none" and cfg.zero.schedule != "shard_map":
             continue
-        prefetches = dict.fromkeys((cfg.zero.prefetch, 0)) if stage == 3 else (cfg.zero.prefetch,)
+        prefetches = dict.fromkeys((cfg.zero.prefetch, 0)) if stage == 3 and dp > 1 else (cfg.zero.prefetch,)
         out += [Candidate(stage, offload, remat, accum, gather, p) for p in prefetches]
     return out
 
