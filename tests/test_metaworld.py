@@ -146,10 +146,10 @@ def test_the_same_seed_gives_the_same_episodes_and_another_seed_others(run_dir):
     assert not np.array_equal(first[0][1], other[0][1])  # another seed: other initial states
 
 
-# a SmolVLA as small: 16 px images of 4 px patches, pixel-shuffled by 2 to 4 image tokens
-SMOLVLA = ["model.family=smolvla", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.expert.d_model=24",
-           "model.expert.d_ff=48", "model.vision.image_size=16", "data.image_size=16"]
-SMOLVLA = [x for x in PI0 if not x.startswith(tuple(k.split("=")[0] + "=" for k in SMOLVLA))] + SMOLVLA
+# a SmolVLA as small, π0's keys but these: 16 px images of 4 px patches, pixel-shuffled by 2 to 4 image tokens
+SMOLVLA_KEYS = ["model.family=smolvla", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
+                "model.expert.d_model=24", "model.expert.d_ff=48", "model.vision.image_size=16", "data.image_size=16"]
+SMOLVLA = [x for x in PI0 if not x.startswith(tuple(k.split("=")[0] + "=" for k in SMOLVLA_KEYS))] + SMOLVLA_KEYS
 
 
 @pytest.mark.slow

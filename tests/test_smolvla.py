@@ -144,6 +144,10 @@ def test_import_on_8_devices_and_export_give_every_tensor_and_file_bit_for_bit(i
         want = load_file(FIXTURE / "smolvla" / name)
         assert {k: v.tobytes() for k, v in load_file(tmp_path / "out" / name).items()} == \
             {k: v.tobytes() for k, v in want.items()}
+    from zerojax.interop import lerobot as lerobot_io
+
+    assert lerobot_io.image_padding(tmp_path / "out") == "before"  # named in its metadata, as SmolVLA pads
+    assert lerobot_io.read_policy(FIXTURE / "smolvla").pad_before  # LeRobot's own directory, which names none
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,9 +41,11 @@ load, not the libraries. `--threads 0` leaves each library its default (every co
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -206,6 +208,7 @@ def smolvla_policy(s: dict, device: str, cameras: list[str]):
     from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
     vlm = Path(tempfile.mkdtemp(prefix="smolvla_vlm_"))
+    atexit.register(shutil.rmtree, vlm, ignore_errors=True)  # the worker's own: gone when it exits
     text = {"vocab_size": s["vocab"], "hidden_size": s["width"], "intermediate_size": s["mlp"],
             "num_hidden_layers": s["depth"], "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
             "head_dim": s["head_dim"]}
@@ -290,8 +293,8 @@ class Worker:
     """One side's worker process (`serve_worker`), spoken to one line at a time."""
 
     def __init__(self, python: str, side: str, size: str, opts):
-        cmd = [python, __file__, "--worker", side, "--family", opts.family, "--sizes", size, "--warmup", str(opts.warmup), "--lerobot-device",
-               opts.lerobot_device]
+        cmd = [python, __file__, "--worker", side, "--family", opts.family, "--sizes", size, "--warmup", str(opts.warmup),
+               "--lerobot-device", opts.lerobot_device]
         self.side, self.ready = side, None
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env=threads_env(opts.threads))
@@ -340,14 +343,15 @@ def compare(size: str, opts) -> dict:
         w.close()
     median = {side: statistics.median(r) for side, r in rates.items()}
     return {"family": opts.family, "size": size, **s, "threads": opts.threads,
-            "params": {w.side: w.ready["params"] for w in workers}, "trained": {w.side: w.ready["trained"] for w in workers},
+            "params": {w.side: w.ready["params"] for w in workers},
+            "trained": {w.side: w.ready["trained"] for w in workers},
             "setup_s": {w.side: w.ready["setup_s"] for w in workers}, "samples_per_sec": rates,
             "median": median, "zerojax_over_lerobot": median["zerojax"] / median["lerobot"], "last_loss": losses}
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| size | parameters (zerojax / LeRobot) | trained (zerojax / LeRobot) | batch | zerojax samples/s, per round | LeRobot samples/s, per "
-           "round | **zerojax / LeRobot** (medians) |", "|---|---|---|---|---|---|---|"]
+    out = ["| size | parameters (zerojax / LeRobot) | trained (zerojax / LeRobot) | batch | zerojax samples/s, per round "
+           "| LeRobot samples/s, per round | **zerojax / LeRobot** (medians) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         per = {side: ", ".join(f"{x:.2f}" for x in r["samples_per_sec"][side]) for side in ("zerojax", "lerobot")}
         out.append(f"| {r['size']} | {r['params']['zerojax']:,} / {r['params']['lerobot']:,} | "

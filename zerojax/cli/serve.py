@@ -35,7 +35,8 @@ def arguments(serve: Parser) -> None:
     serve.add_argument("--rtc-jacobian", action="store_true", help="real-time chunking's correction pulled back "
                      "through the denoiser (the paper's, one vector-Jacobian product a step) instead of LeRobot's")
     serve.add_argument("--tokenizer", metavar="PATH", help="a LeRobot checkpoint: the tokenizer.json of its prompts "
-                       "(LeRobot's π0 fetches PaliGemma's from the Hub; its directory holds none)")
+                       "(default: the one its processors or config name, where that is a local directory; "
+                       "LeRobot's π0 fetches PaliGemma's from the Hub, and its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
                        "attention heads, which its config.json does not name (default 16, So400m's)")
 

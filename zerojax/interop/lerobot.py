@@ -136,8 +136,10 @@ def read_stats(directory) -> dict:
 class PolicyDir:
     """What a LeRobot policy directory says of the data its policy reads (`read_policy`): the
     features and normalization as a run's lerobot.json holds them, the square image side, the
-    prompt's tokens, LeRobot's version (0.3 keeps its statistics as buffers, 0.4 in processor
-    files, 0.6 names the image size image_resolution) and whether its images were padded top and left (0.3.x) rather than centred."""
+    prompt's tokens, LeRobot's version (0.3 keeps its statistics as buffers, 0.4 and later in
+    processor files; 0.6's π0 and π0.5 name the image size image_resolution, "0.4+" where the
+    directory does not say which) and whether its images are padded top and left (LeRobot 0.3.x's
+    π0, and SmolVLA in every version) rather than centred."""
 
     config: dict
     features: dict
@@ -159,16 +161,27 @@ def read_policy(directory) -> PolicyDir:
         raise ConfigError(f"{where}/config.json: {key}={resize}; zerojax serves policies whose images are resized to "
                           "a square (LeRobot's default [224, 224])")
     prompt_len = config.get("tokenizer_max_length")
+    family, _ = registry.lerobot_layouts()[config["type"]]
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.3" if not (directory / "policy_preprocessor.json").is_file() else
                      "0.6" if key == "image_resolution" else "0.4+",
-                     image_padding(directory) == "before")
+                     registry.adapter(family).pad_before or image_padding(directory) == "before")
 
 
 def named_tokenizer(directory) -> str | None:
-    """The tokenizer.json a LeRobot policy directory names where it is at hand (its family's
-    `LeRobotLayout.tokenizer`: SmolVLA's local SmolVLM directory), else None."""
+    """The tokenizer.json a LeRobot policy directory names where it is at hand: its preprocessor's
+    tokenizer step's `tokenizer_name` (what LeRobot tokenizes with; a zerojax export writes the
+    run's data.tokenizer there), else its family's `LeRobotLayout.tokenizer` (SmolVLA's local
+    SmolVLM directory), each as a path from the current directory or one above the policy's; else None."""
+    directory = Path(directory)
     config = read_config(directory)
+    pipeline = directory / "policy_preprocessor.json"
+    steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
+    names = [s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict)]
+    for name in filter(None, names):
+        for base in (Path.cwd(), *directory.resolve().parents):
+            if (base / name / "tokenizer.json").is_file():
+                return str(base / name / "tokenizer.json")
     _, layout = registry.lerobot_layouts()[config["type"]]
     return layout.tokenizer(config, str(directory))
 

@@ -29,7 +29,6 @@ vision width, N patches.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import jax

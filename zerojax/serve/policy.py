@@ -65,7 +65,8 @@ class ServedPolicy:
     num_steps: int
     seed: int
     fps: float = 0.0
-    pad_before: bool = False  # a LeRobot 0.3.x π0 checkpoint's image padding (lerobot_frames.resize_with_pad); the family's own is added
+    # top-left image padding (lerobot_frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
+    pad_before: bool = False
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
@@ -363,11 +364,12 @@ def check_family(saved: dict, where: str) -> None:
 
 def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: str | None,
                    vision_heads: int | None) -> ServedPolicy:
-    """A LeRobot policy directory served as LeRobot's `select_action` answers (PI0Policy's), with
-    what `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW
-    shapes read as HWC frames), normalization, image padding (LeRobot 0.3.x pads top and left;
-    0.4.x, openpi and zerojax centre) and prompt length. LeRobot's π0 fetches PaliGemma's
-    tokenizer from the Hub, which its directory does not hold: `tokenizer` is a tokenizer.json."""
+    """A LeRobot policy directory served as LeRobot's `select_action` answers, with what
+    `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW shapes read
+    as HWC frames), normalization, image padding (top and left: LeRobot 0.3.x's π0 and SmolVLA;
+    centred: 0.4+'s π0 and π0.5, openpi) and prompt length. `tokenizer`, a tokenizer.json, or the
+    one the directory names where it is at hand (`interop.lerobot.named_tokenizer`); LeRobot's π0
+    fetches PaliGemma's from the Hub, which its directory does not hold."""
     from zerojax.interop import lerobot as lerobot_io
 
     where = str(directory)
@@ -385,7 +387,8 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     tok = corpus.load_tokenizer(tokenizer)
     cfg, model = lerobot_io.load(directory, vision_heads)
     if cfg.vision.image_size != found.image_size:
-        raise ConfigError(f"{where}/config.json: resize_imgs_with_padding={found.config['resize_imgs_with_padding']}, "
+        key = "resize_imgs_with_padding" if "resize_imgs_with_padding" in found.config else "image_resolution"
+        raise ConfigError(f"{where}/config.json: {key}={found.config.get(key)}, "
                           f"but the tower reads {cfg.vision.image_size} x {cfg.vision.image_size} images")
     cameras = [k for k in found.features if k.startswith(CAMERA)]
     if len(cameras) > cfg.action.cameras:
