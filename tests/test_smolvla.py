@@ -243,6 +243,25 @@ def test_a_lerobot_smolvla_directory_is_served_as_lerobot_061_answers(monkeypatc
         np.testing.assert_allclose(actions, ref["actions"][b], rtol=1e-5, atol=1e-5)
 
 
+def test_serve_tokenizes_with_what_the_preprocessor_names_before_the_smolvlm_directory(tmp_path, monkeypatch):
+    """LeRobot tokenizes with its tokenizer step's `tokenizer_name`, which a zerojax export sets to
+    the run's data.tokenizer; config.json's `vlm_model_name` is the fallback."""
+    import shutil
+
+    from zerojax.interop import lerobot as lerobot_io
+
+    monkeypatch.chdir(ROOT)
+    policy_dir = tmp_path / "smolvla"
+    shutil.copytree(FIXTURE / "smolvla", policy_dir)
+    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/smolvla_vlm/tokenizer.json")
+    doc = json.loads((policy_dir / "policy_preprocessor.json").read_text())
+    for step in doc["steps"]:
+        if "tokenizer_name" in step.get("config", {}):
+            step["config"]["tokenizer_name"] = "tests/fixtures/lerobot06/tokenizer"
+    (policy_dir / "policy_preprocessor.json").write_text(json.dumps(doc))
+    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/tokenizer/tokenizer.json")
+
+
 @pytest.fixture(scope="module")
 def start_params(tmp_path_factory):
     """The parameters every recipe's run starts from: a step at lr 0."""
