@@ -310,3 +310,28 @@ def test_policy_steps_tiny_size_is_the_lerobot_fixtures_model(family, fixture, g
             assert mine == value, key
             compared += 1
     assert compared > 20
+
+
+def test_largest_batch_finds_adjacent_batches_around_each_budget():
+    """scripts/bench/largest_batch.py's search on a made-up peak (flat to batch 8, then 0.166 GB a
+    row, as SmolVLA's full fine-tune): the batch that fits and the one that does not are adjacent,
+    in a few compiles."""
+    import largest_batch  # scripts/bench/largest_batch.py
+
+    compiled = []
+
+    class Made(largest_batch.Points):
+        def known(self):
+            return dict(self.seen)
+
+        def peak(self, batch):
+            compiled.append(batch)
+            self.seen[batch] = 8e9 + max(batch - 8, 0) * 0.166e9
+            return self.seen[batch]
+
+    points = Made(None, "full", [])
+    points.seen = {}
+    assert largest_batch.largest(points, 17e9) == 62  # 62: 16.96 GB, 63: 17.13 GB
+    assert largest_batch.largest(points, 21.8e9) == 91
+    assert largest_batch.largest(points, 7e9) == 0  # not one row
+    assert len(set(compiled)) <= 16  # from nothing: batches doubled to a bracket, then secant steps
