@@ -249,17 +249,19 @@ def test_serve_tokenizes_with_what_the_preprocessor_names_before_the_smolvlm_dir
     import shutil
 
     from zerojax.interop import lerobot as lerobot_io
+    from zerojax.interop.lerobot_processors import named_tokenizer
 
     monkeypatch.chdir(ROOT)
     policy_dir = tmp_path / "smolvla"
     shutil.copytree(FIXTURE / "smolvla", policy_dir)
-    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/smolvla_vlm/tokenizer.json")
+    config = lerobot_io.read_config(policy_dir)
+    assert named_tokenizer(policy_dir, config) == str(ROOT / "tests/fixtures/lerobot06/smolvla_vlm/tokenizer.json")
     doc = json.loads((policy_dir / "policy_preprocessor.json").read_text())
     for step in doc["steps"]:
         if "tokenizer_name" in step.get("config", {}):
             step["config"]["tokenizer_name"] = "tests/fixtures/lerobot06/tokenizer"
     (policy_dir / "policy_preprocessor.json").write_text(json.dumps(doc))
-    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/tokenizer/tokenizer.json")
+    assert named_tokenizer(policy_dir, config) == str(ROOT / "tests/fixtures/lerobot06/tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")

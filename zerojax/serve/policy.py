@@ -368,16 +368,16 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW shapes read
     as HWC frames), normalization, image padding (top and left: LeRobot 0.3.x's π0 and SmolVLA;
     centred: 0.4+'s π0 and π0.5, openpi) and prompt length. `tokenizer`, a tokenizer.json, or the
-    one the directory names where it is at hand (`interop.lerobot.named_tokenizer`); LeRobot's π0
-    fetches PaliGemma's from the Hub, which its directory does not hold."""
+    one the directory names where it is at hand (`lerobot_processors.named_tokenizer`); LeRobot's
+    π0 fetches PaliGemma's from the Hub, which its directory does not hold."""
     from zerojax.interop import lerobot as lerobot_io
+    from zerojax.interop.lerobot_processors import named_tokenizer
 
     where = str(directory)
     if step is not None:
         raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {where} is a LeRobot checkpoint (one "
                           "step): drop --step")
-    lerobot_io.read_config(directory)
-    tokenizer = tokenizer or lerobot_io.named_tokenizer(directory)
+    tokenizer = tokenizer or named_tokenizer(directory, lerobot_io.read_config(directory))
     if tokenizer is None:
         raise ConfigError(f"{where} is a LeRobot checkpoint, which does not carry its tokenizer (LeRobot's π0 loads "
                           "google/paligemma-3b-pt-224's from the Hub; a SmolVLA names its SmolVLM, here not a local "
