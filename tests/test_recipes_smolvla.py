@@ -66,8 +66,7 @@ def test_lerobot_lora_adapts_the_modules_lerobot_and_peft_adapt(the_fixtures_rec
     kernels = {p.rsplit("/", 1)[0] + "/kernel" for p in trained if is_adapter(p)}
     assert lerobot_modules(kernels, units) == set(peft_fixture["adapted"])
     # ... and those are what LeRobot's regex names among its Linear layers, PEFT's fullmatch
-    linear = {t.at(i).removesuffix(".weight") if "{i}" in t.name else t.name.removesuffix(".weight")
-              for path, t in LEROBOT_TENSORS.items() if path.endswith("/kernel") for i in range(units)}
+    linear = lerobot_modules([path for path in LEROBOT_TENSORS if path.endswith("/kernel")], units)
     assert {m for m in linear if re.fullmatch(peft_fixture["target_modules"], m)} == set(peft_fixture["adapted"])
     assert trained == {p for p in frozen | trained if is_adapter(p)}  # PEFT's way: only the adapters train
 

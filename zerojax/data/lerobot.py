@@ -52,6 +52,7 @@ from zerojax.data import lerobot_frames as frames
 from zerojax.data import lerobot_meta as meta
 from zerojax.data import lerobot_v21
 from zerojax.errors import ConfigError
+from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, Field
 
 VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
@@ -138,14 +139,7 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     check_normalized_range(dataset, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
     return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info,
-                         pad_before=pads_before(cfg.model.family))
-
-
-def pads_before(family: str) -> bool:
-    """Whether the family pads a camera that is not square on the top and left (`PolicyAdapter.pad_before`)."""
-    from zerojax.models import registry  # a family's declaration, read when a source opens
-
-    return registry.is_policy(family) and registry.adapter(family).pad_before
+                         pad_before=registry.pads_before(cfg.model.family))
 
 
 NORMALIZED_LIMIT = 1e3  # a quantile-normalized value this far outside [-1, 1] is a collapsed range, not an outlier

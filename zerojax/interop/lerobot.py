@@ -94,7 +94,7 @@ def image_padding(directory) -> str:
         named = (f.metadata() or {}).get(PADDING_KEY)
         if named in (CENTRED, BEFORE):
             return named
-    return CENTRED if (directory / "policy_preprocessor.json").is_file() else "before"
+    return CENTRED if (directory / "policy_preprocessor.json").is_file() else BEFORE
 
 
 def read_stats(directory) -> dict:
@@ -165,7 +165,7 @@ def read_policy(directory) -> PolicyDir:
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.3" if not (directory / "policy_preprocessor.json").is_file() else
                      "0.6" if key == "image_resolution" else "0.4+",
-                     registry.adapter(family).pad_before or image_padding(directory) == "before")
+                     registry.pads_before(family) or image_padding(directory) == BEFORE)
 
 
 def init_files(directory) -> dict:
@@ -343,7 +343,7 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
             yield from blocks_of(path)
 
     (tmp := out.with_name(out.name + ".tmp")).mkdir(parents=True, exist_ok=True)
-    padding = {PADDING_KEY: BEFORE if registry.adapter(model["family"]).pad_before else CENTRED}
+    padding = {PADDING_KEY: BEFORE if registry.pads_before(model["family"]) else CENTRED}
     fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, padding), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     if steps:

@@ -98,13 +98,12 @@ def named_tokenizer(directory, config: dict) -> str | None:
     directory or one above the policy's; else None."""
     from zerojax.config import read_json_object
     from zerojax.models import registry
+    from zerojax.models.family import local_file
 
-    directory = Path(directory)
-    pipeline = directory / "policy_preprocessor.json"
+    pipeline = Path(directory) / "policy_preprocessor.json"
     steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
     for name in filter(None, (s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict))):
-        for base in (Path.cwd(), *directory.resolve().parents):
-            if (base / name / "tokenizer.json").is_file():
-                return str(base / name / "tokenizer.json")
+        if path := local_file(name, str(directory), "tokenizer.json"):
+            return str(path)
     _, layout = registry.lerobot_layouts()[config["type"]]
     return layout.tokenizer(config, str(directory))

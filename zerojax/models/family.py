@@ -20,6 +20,7 @@ policies", "this family's adapter") and never name a family.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from zerojax.errors import ConfigError
@@ -77,6 +78,16 @@ class HfLayout:
     # tensor-name prefixes as zerojax writes them -> the prefix other writers store instead
     # (transformers 5 saves PaliGemma's `vision_tower.vision_model.` as `vision_tower.`)
     aliases: dict[str, str] = field(default_factory=dict)
+
+
+def local_file(name: str, where: str, file: str) -> Path | None:
+    """`name`/`file`, where a checkpoint names a directory by a relative path (SmolVLA's
+    `vlm_model_name`, a processor's `tokenizer_name`): from the current directory or one above the
+    checkpoint's `where`; None where it is not there (a Hub name)."""
+    for base in (Path.cwd(), *Path(where).resolve().parents):
+        if name and (base / name / file).is_file():
+            return base / name / file
+    return None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,11 @@ def adapter(name: str):
     return family(name).adapter if is_policy(name) else None
 
 
+def pads_before(name: str) -> bool:
+    """Whether a family pads a camera that is not square on the top and left (`PolicyAdapter.pad_before`)."""
+    return is_policy(name) and adapter(name).pad_before
+
+
 def hf_layouts() -> dict:
     """model.family -> its Hugging Face layout (a `family.HfLayout`), for the families that have one."""
     return {name: family(name).hf for name in FAMILIES if family(name).hf is not None}

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from zerojax.errors import ConfigError
 from zerojax.models import siglip
-from zerojax.models.family import LeRobotLayout, Tensor
+from zerojax.models.family import LeRobotLayout, Tensor, local_file
 
 ROOT = "model.vlm_with_expert."
 VLM = ROOT + "vlm.model."
@@ -60,26 +59,16 @@ LEROBOT_TENSORS = {
 }
 
 
-def smolvlm_file(config: dict, where: str, file: str) -> Path | None:
-    """A file of the SmolVLM directory `vlm_model_name` names as a path (from the current
-    directory, or from a directory above the policy's), or None where there is none (a hub name)."""
-    name = config.get("vlm_model_name") or ""
-    for base in (Path.cwd(), *Path(where).resolve().parents):
-        path = base / name / file
-        if name and path.is_file():
-            return path
-    return None
-
-
 def smolvlm_config(config: dict, where: str) -> dict:
-    """The SmolVLM directory's config.json (`smolvlm_file`), or {} where there is none."""
-    path = smolvlm_file(config, where, "config.json")
+    """The config.json of the SmolVLM directory `vlm_model_name` names as a path (`local_file`), or
+    {} where there is none (a Hub name)."""
+    path = local_file(config.get("vlm_model_name") or "", where, "config.json")
     return json.loads(path.read_text()) if path else {}
 
 
 def smolvlm_tokenizer(config: dict, where: str) -> str | None:
-    """The SmolVLM directory's tokenizer.json, which LeRobot's processor tokenizes the task with."""
-    path = smolvlm_file(config, where, "tokenizer.json")
+    """That directory's tokenizer.json, which LeRobot's processor tokenizes the task with."""
+    path = local_file(config.get("vlm_model_name") or "", where, "tokenizer.json")
     return str(path) if path else None
 
 
