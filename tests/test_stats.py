@@ -135,7 +135,27 @@ BAD = {
         lambda root: __import__("pyarrow.parquet").parquet.write_table(
             __import__("pyarrow.parquet").parquet.read_table(root / "data/chunk-000/file-000.parquet").slice(0, 17),
             root / "data/chunk-000/file-000.parquet"), [], "episode 2 spans dataset indices [15, 19)"),
+    "--out a directory": (lambda root: (root / "out").mkdir(), ["--out", "{root}/out"],
+                          "is a directory; give a file path, such as"),
+    "a NaN in the action": (lambda root: set_value(root, "action", 8, 1, np.nan), [],
+                            "action holds nan in episode 1, frame 2 (dimension 1; 1 non-finite values in the episode)"),
+    "an infinity in the state": (lambda root: set_value(root, "observation.state", 16, 2, -np.inf), [],
+                                 "observation.state holds -inf in episode 2, frame 1 (dimension 2;"),
 }
+
+
+def set_value(root: Path, feature: str, row: int, dim: int, value: float) -> None:
+    """The dataset's data file with `feature`'s `dim` at dataset row `row` set to `value`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    column = table.column(feature).combine_chunks()
+    x = np.asarray(column.flatten()).reshape(len(column), -1).copy()
+    x[row, dim] = value
+    cells = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), column.type.value_type), x.shape[1])
+    pq.write_table(table.set_column(table.schema.get_field_index(feature), feature, cells), path)
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -143,10 +163,11 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(case, tmp_path, c
     root = without_stats(tmp_path)
     damage, extra, message = BAD[case]
     damage(root)
-    assert cli.main(["stats", str(root), *extra]) == 2
+    assert cli.main(["stats", str(root), *[a.format(root=root) for a in extra]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerojax: error: ") and err.count("\n") == 1 and message in err, err
     assert case == "stats.json there" or not (root / "meta" / "stats.json").exists()
+    assert [p.name for p in root.rglob("*.tmp")] == [] and (not (root / "out").is_dir() or not any((root / "out").iterdir()))
 
 
 @pytest.mark.parametrize("frames, sampled", [(19, 19), (500, 105), (1000, 177), (2000, 299), (5000, 594),

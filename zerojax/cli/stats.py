@@ -33,6 +33,8 @@ def target(args) -> Path:
     out = Path(args.out) if args.out else root / "meta" / "stats.json"
     if not args.out and out.exists() and not args.overwrite:
         raise ConfigError(f"{out} exists; give --out PATH to write elsewhere, or --overwrite to replace it")
+    if out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a directory; give a file path, such as {str(out / 'stats.json')!r}")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: no directory {str(out.parent)!r}")
     return out

@@ -133,11 +133,25 @@ def _episode_rows(table, ep) -> np.ndarray:
     return rows
 
 
+def check_finite(x_ND: np.ndarray, feature: str, episode: int, frames_N: np.ndarray) -> None:
+    """ConfigError naming the first NaN or infinity of one episode's `feature` (its frame, the
+    row's place in the episode `frames_N`, and dimension): its statistics would be NaN, and a run
+    normalizing with them would train on NaN."""
+    bad = np.argwhere(~np.isfinite(x_ND)) if x_ND.dtype.kind == "f" else ()
+    if len(bad):
+        row, dim = (int(i) for i in bad[np.argmin(frames_N[bad[:, 0]])])
+        raise ConfigError(f"{feature} holds {x_ND[row, dim]} in episode {episode}, frame {int(frames_N[row])} "
+                          f"(dimension {dim}; {len(bad)} non-finite values in the episode); statistics need finite "
+                          "numbers: fix or drop the episode")
+
+
 def episode_stats(ep, table: dict, numeric: list[str], cameras: dict, video) -> dict:
     """{feature: statistics} of one episode (module docstring). `table`: its data file's columns
     ([N, D] arrays, ROW_INDEX's [N], and a camera's Parquet image cells); `cameras`: camera ->
     its dtype."""
     rows = _episode_rows(table, ep)
+    for k in numeric:
+        check_finite(table[k][rows], k, ep.index, table[ROW_INDEX][rows] - ep.start)
     out = {k: vector_stats(table[k][rows]) for k in numeric}
     sampled = rows[sample_indices(len(rows))]
     for camera, dtype in cameras.items():
