@@ -146,7 +146,7 @@ BAD = {
     "relative actions without a horizon": (lambda root: None, ["--relative-actions"],
                                            "--relative-actions needs the chunk's length: --horizon H, or --run"),
     "--exclude without --relative-actions": (lambda root: None, ["--exclude", "dy"],
-                                             "--exclude only go with --relative-actions"),
+                                             "--exclude: only with --relative-actions"),
     "--run without a config": (lambda root: None, ["--relative-actions", "--run", "{root}"],
                                "is not a zerojax run directory (no config.yaml)"),
     "two horizons": (lambda root: write_run_config(root, 4), ["--relative-actions", "--horizon", "3", "--run", "{root}"],

@@ -229,8 +229,7 @@ def episode_stats(ep, table: dict, numeric: list[str], cameras: dict, video, rel
     out = {k: vector_stats(table[k][rows]) for k in numeric}
     if relative is not None:
         ordered = rows[np.argsort(table[ROW_INDEX][rows], kind="stable")]
-        out[ACTION] = vector_stats(relative_chunks(table[ACTION][ordered], table[STATE][ordered],
-                                                        *relative))
+        out[ACTION] = vector_stats(relative_chunks(table[ACTION][ordered], table[STATE][ordered], *relative))
     sampled = rows[sample_indices(len(rows))]
     for camera, dtype in cameras.items():
         where = f"{camera}, episode {ep.index}"
