@@ -47,7 +47,8 @@ def relative(args):
     if not args.relative_actions:
         given = [f for f, v in (("--exclude", args.exclude), ("--horizon", args.horizon), ("--run", args.run)) if v]
         if given:
-            raise ConfigError(f"{', '.join(given)}: only with --relative-actions (the action's statistics of relative actions)")
+            raise ConfigError(f"{', '.join(given)}: only with --relative-actions (the action's statistics of "
+                              "relative actions)")
         return None
     horizons = {"--horizon": args.horizon} if args.horizon else {}
     if args.run:

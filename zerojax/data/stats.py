@@ -55,7 +55,7 @@ Q_KEYS = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
 BINS = 5000  # RunningQuantileStats' num_quantile_bins
 CAMERA_DTYPES = ("image", "video")
 ROW_INDEX = " rows"  # a data file's dataset indices [N] (its "index" column, flat), beside its features
-RELATIVE = "relative"  # the action entry's record of relative statistics: {"state", "horizon", "exclude_joints", "joints"}
+RELATIVE = "relative"  # the action entry's record of relative statistics (`Relative.record`)
 
 
 def _quantile(cumsum: np.ndarray, edges: np.ndarray, target: float) -> float:
