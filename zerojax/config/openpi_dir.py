@@ -49,7 +49,11 @@ def _check_files(params: Path) -> None:
     tensorstore, asked for a manifest that is missing, keeps retrying on its threads and prints
     tracebacks after the error (measured with orbax 0.12.8, tensorstore 0.1.86)."""
     fix = "copy the checkpoint's params/ again, whole"
-    if not any(params.iterdir()):
+    try:
+        empty = not any(params.iterdir())
+    except OSError as err:
+        raise ConfigError(f"{params} cannot be read ({type(err).__name__}: {err})") from None
+    if empty:
         raise ConfigError(f"{params} is empty; an openpi checkpoint's params/ holds orbax's _METADATA and the "
                           f"arrays' files; {fix}")
     if not (params / "_METADATA").is_file():
