@@ -354,3 +354,44 @@ def test_the_init_test_sees_star_imports_and_lazy_tables():
     assert init_faults("from zerojax.x import *\ndef __getattr__(name):\n    pass\n") == [
         (1, "no docstring of what lives in each module"), (1, "from zerojax.x import *"),
         (2, "def __getattr__ (names imported on first use)")]
+
+
+def family_imports(models: Path, families) -> list[str]:
+    """file:line: import, where a family's package (models/<family>/) imports another family's
+    package: siblings share `vla/`, `paligemma_expert/` and the decoder, never one another."""
+    out = []
+    packages = {name for name in families if (models / name).is_dir()}
+    for family in sorted(packages):
+        for path in sorted((models / family).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module == "zerojax.models":
+                    modules = [f"zerojax.models.{a.name}" for a in node.names]
+                for module in modules:
+                    parts = module.split(".")
+                    other = parts[2] if parts[:2] == ["zerojax", "models"] and len(parts) > 2 else None
+                    if other in packages and other != family:
+                        out.append(f"{path.relative_to(models.parent.parent)}:{node.lineno}: imports {module}")
+    return out
+
+
+def test_no_policy_family_is_built_on_another():
+    """STYLE.md 11: π0, π0.5 and SmolVLA are siblings: no family's package imports another's (so
+    none subclasses another's model); what they share lives in vla/, paligemma_expert/, decoder.py."""
+    from zerojax.models.registry import FAMILIES, is_policy
+
+    policies = [name for name in FAMILIES if is_policy(name)]
+    assert len(policies) >= 3 and all((PACKAGE / "models" / name).is_dir() for name in policies)
+    found = family_imports(PACKAGE / "models", FAMILIES)
+    assert not found, "\n".join(found)
+
+
+def test_the_sibling_test_sees_a_family_importing_another(tmp_path):
+    models = tmp_path / "zerojax" / "models"
+    for name in ("a", "b", "shared"):
+        (models / name).mkdir(parents=True)
+    (models / "a" / "model.py").write_text("from zerojax.models.shared import base\nimport zerojax.models.a.x\n")
+    (models / "b" / "model.py").write_text("from zerojax.models import a\nfrom zerojax.models.a.model import A\n")
+    assert family_imports(models, ("a", "b")) == ["zerojax/models/b/model.py:1: imports zerojax.models.a",
+                                                   "zerojax/models/b/model.py:2: imports zerojax.models.a.model"]

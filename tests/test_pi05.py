@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from conftest import ROOT, run
 from zerojax.interop import lerobot
-from zerojax.models import pi05_batch
+from zerojax.models.pi05 import batch as pi05_batch
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
 OBSERVATION = ("images", "image_masks", "tokens", "token_mask", "actions")

@@ -1,4 +1,4 @@
-"""Real-time chunking (zerojax/models/rtc.py) against LeRobot 0.6.1's own RTCProcessor
+"""Real-time chunking (zerojax/models/vla/rtc.py) against LeRobot 0.6.1's own RTCProcessor
 (tests/fixtures/rtc/lerobot_rtc.npz, written by scripts/fixtures/make_rtc_fixture.py in LeRobot's
 venv), and the paper's Jacobian correction against the Jacobian written out."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zerojax.models import rtc
+from zerojax.models.vla import rtc
 
 REF = dict(np.load(Path(__file__).parent / "fixtures" / "rtc" / "lerobot_rtc.npz"))
 WEIGHTS = sorted(k for k in REF if k.startswith("weights/"))

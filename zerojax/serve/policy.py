@@ -37,7 +37,8 @@ from flax import nnx
 from zerojax.config.hf_config import LEROBOT, init_source
 from zerojax.data import corpus, lerobot, lerobot_frames
 from zerojax.errors import ConfigError
-from zerojax.models import registry, rtc
+from zerojax.models import registry
+from zerojax.models.vla import rtc
 from zerojax.models.family import ACTION, CAMERA, POLICY, STATE
 
 PROMPT_KEYS = ("prompt", "task")  # openpi's clients send "prompt"; LeRobot's frames call it "task"
@@ -71,7 +72,7 @@ class ServedPolicy:
     call_ms: float = 0.0  # a call after it
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
     rtc_horizon: int = 10  # real-time chunking's execution horizon (LeRobot's execution_horizon)
-    rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/rtc.py)
+    rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/vla/rtc.py)
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]

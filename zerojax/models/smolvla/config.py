@@ -1,4 +1,4 @@
-"""SmolVLA's config section, `model.smolvla.*` (beside π0's `model.expert.*` and
+"""SmolVLA's config section, `model.smolvla.*` (beside the policies' `model.expert.*` and
 `model.action.*`, which it reads too): a frozen dataclass that checks itself, declared to the
 config through the registry (`registry.SECTIONS`). No jax here: the config imports it.
 """

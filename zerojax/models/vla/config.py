@@ -1,6 +1,7 @@
-"""π0's config sections, `model.expert.*` and `model.action.*`: frozen dataclasses that check
-themselves, declared to the config through the registry (`registry.SECTIONS`), so that they live
-with π0 and not in the shared ModelConfig. No jax here: the config imports them.
+"""The policy families' config sections, `model.expert.*` and `model.action.*` (π0's, π0.5's and
+SmolVLA's alike): frozen dataclasses that check themselves, declared to the config through the
+registry (`registry.SECTIONS`), so that they live with the policies and not in the shared
+ModelConfig. No jax here: the config imports them.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from zerojax.models.family import at_least
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertConfig:
-    """model.expert: π0's action expert, a Gemma of the VLM's depth, heads, kv heads and head dim,
-    narrower (ignored by the other families)."""
+    """model.expert: a policy's action expert, a decoder of the VLM's depth, heads, kv heads and
+    head dim, narrower (ignored by the families that are not policies)."""
 
     d_model: int = 1024  # the expert's width (gemma_300m's; LeRobot's proj_width)
     d_ff: int = 4096  # the expert's MLP width
@@ -26,7 +27,8 @@ class ExpertConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ActionConfig:
-    """model.action: what π0 reads and predicts (LeRobot's pi0 defaults; ignored by the other families)."""
+    """model.action: what a policy reads and predicts (LeRobot's π0 defaults; ignored by the
+    families that are not policies)."""
 
     horizon: int = 50  # H: actions per chunk (LeRobot's chunk_size)
     max_state_dim: int = 32  # the state is zero-padded to this (state_proj's input)

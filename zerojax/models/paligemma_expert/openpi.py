@@ -1,8 +1,8 @@
-"""π0's openpi checkpoint layout: the `params/` tree of openpi's `Pi0` (pi05=False), as openpi's
-training (`training/checkpoints.py: save_state`) and its released checkpoints write it, read
-from openpi's source (`models/pi0.py`, `gemma.py`, `siglip.py`, `lora.py`). `zerojax.interop.
-openpi` reads and writes it for any family that declares an `OpenpiLayout`; this module is π0's,
-and holds the PaliGemma half that π0.5 (`pi05_openpi`) shares.
+"""PaliGemma with an action expert in openpi's checkpoints: the `params/` tree of openpi's `Pi0`,
+as openpi's training (`training/checkpoints.py: save_state`) and its released checkpoints write
+it, read from openpi's source (`models/pi0.py`, `gemma.py`, `siglip.py`, `lora.py`): the rules
+π0's and π0.5's layouts (`pi0.openpi`, `pi05.openpi`) share. `zerojax.interop.openpi` reads and
+writes the tree for any family that declares an `OpenpiLayout`.
 
 openpi's tree (layer axis L first: the Gemma and SigLIP blocks are `nn.scan`ned):
     PaliGemma/llm/embedder/input_embedding        [V, D]
@@ -17,18 +17,17 @@ openpi's tree (layer axis L first: the Gemma and SigLIP blocks are `nn.scan`ned)
     PaliGemma/img/Transformer/encoderblock/{LayerNorm_0, LayerNorm_1, MlpBlock_0/Dense_{0,1},
         MultiHeadDotProductAttention_0/{query, key, value} (kernel [L, E, heads, hd]), out ([L, heads, hd, E])}
     PaliGemma/img/Transformer/encoder_norm, PaliGemma/img/head (the projector [E, D])
-    state_proj, action_in_proj, action_out_proj, action_time_mlp_in, action_time_mlp_out: {kernel, bias}
+    the family's heads at the top level: {kernel, bias} each
 Norm scales are stored as zerojax keeps them (`x·(1 + scale)`), kernels [in, out].
 """
 
 from __future__ import annotations
 
 from zerojax.errors import ConfigError
-from zerojax.models.family import OpenpiLayout, Rule
+from zerojax.models.family import Rule
 
 LLM, IMG = "PaliGemma/llm/", "PaliGemma/img/"
 LAYERS, BLOCK = LLM + "layers/", IMG + "Transformer/encoderblock/"
-HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
 
 
 def same(zerojax: str, openpi: str) -> Rule:
@@ -128,12 +127,6 @@ def paligemma_rules(model: dict) -> list[Rule]:
             same("embed_tokens/embedding", LLM + "embedder/input_embedding"), same("norm/scale", LLM + "final_norm/scale")]
 
 
-def openpi_rules(model: dict) -> list[Rule]:
-    """π0's whole tree: PaliGemma's, the expert's layers and final norm, the heads."""
-    return [*paligemma_rules(model), *stream_rules("expert", "_1", model),
-            same("expert_norm/scale", LLM + "final_norm_1/scale"), *[r for h in HEADS for r in linear(h)]]
-
-
 def paligemma_keys(shapes: dict, where: str) -> dict:
     """The model.* keys openpi's PaliGemma half implies (ConfigError naming a missing leaf): the
     sizes of both streams (the expert's from its `_1` copies) and of the tower."""
@@ -161,17 +154,3 @@ def paligemma_keys(shapes: dict, where: str) -> dict:
                    "d_ff": shape(BLOCK + "MlpBlock_0/Dense_0/kernel")[-1]},
         "action": {"max_action_dim": shape("action_in_proj/kernel")[0]},
     }
-
-
-def openpi_model_keys(shapes: dict, where: str, given: dict) -> dict:
-    """π0's model.* keys from an openpi tree's shapes: PaliGemma's, and the state's width from
-    state_proj. The horizon, prompt length, cameras and real action width are in no shape: the
-    user's (or the defaults)."""
-    keys = paligemma_keys(shapes, where)
-    if "state_proj/kernel" not in shapes:
-        raise ConfigError(f"{where}: no leaf 'state_proj/kernel', which an openpi π0 tree has")
-    keys["action"]["max_state_dim"] = shapes["state_proj/kernel"][0]
-    return {"family": "pi0", **keys}
-
-
-OPENPI = OpenpiLayout(heads=("state_proj", "action_time_mlp_in"), model_keys=openpi_model_keys, rules=openpi_rules)

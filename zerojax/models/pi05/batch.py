@@ -1,6 +1,6 @@
 """π0.5's batch from a robot dataset's features: its `PolicyAdapter` (`models/family.py`).
 
-As π0's (`pi0_batch`: cameras stacked, actions padded, each row's noise and time a pure function
+As π0's (`vla.batch`: cameras stacked, actions padded, each row's noise and time a pure function
 of (seed, split, step, row)), but with no `state`: the normalized state (its real dimensions, not
 padded) is put in the prompt as text, as LeRobot 0.6.1's `Pi05PrepareStateTokenizerProcessorStep`
 and openpi's `PaligemmaTokenizer` (π0.5) write it:
@@ -15,7 +15,7 @@ model.action.prompt_len (LeRobot's tokenizer_max_length, 200) and padded with 0 
 The dataset's features carry the task as the data layer tokenized it (the task and "\\n",
 `data.lerobot.prompt`); the adapter reads the text back with the same tokenizer and writes
 π0.5's prompt in its place, so the state is normalized in one place (`data.lerobot`, with the
-run's data.norm_state), for training (`PolicyRows`) and `zerojax serve` / `rollout`
+run's data.norm_state), for training (`vla.batch.PolicyRows`) and `zerojax serve` / `rollout`
 (`observation`, handed the run's tokenizer) alike. The round trip is exact for bytes and for a
 tokenizer that decodes plain text back (PaliGemma's SentencePiece, byte fallback); a word-level
 tokenizer loses a word it maps to <unk> (LeRobot cleans "red_cube" to "red cube" before
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zerojax.models import pi0_batch
-from zerojax.models.family import ACTION, CAMERA, STATE, Field, PolicyAdapter
+from zerojax.models.vla import batch as vla_batch
+from zerojax.models.family import STATE, Field, PolicyAdapter
 
 BINS = 256
 
@@ -67,41 +67,15 @@ def prompts(raw: dict, length: int, tokenizer) -> dict:
 
 
 def spec(cfg, features: dict) -> dict:
-    """π0.5's batch (`pi05.BATCH`): π0's less the state (the tokens are model.action.prompt_len long)."""
-    out = {k: v for k, v in pi0_batch.spec(cfg, features).items() if k != "state"}
+    """π0.5's batch (`pi05.model.BATCH`): π0's less the state (the tokens are model.action.prompt_len long)."""
+    out = {k: v for k, v in vla_batch.spec(cfg, features).items() if k != "state"}
     B, L = cfg.train.global_batch, cfg.model.action.prompt_len
     return {**out, "tokens": Field((B, L), "int32"), "token_mask": Field((B, L), "bool")}
 
 
-class PolicyRows(pi0_batch.PolicyRows):
-    """A source of the dataset's features seen through π0.5's batch (module docstring)."""
-
-    def __init__(self, source, cfg):
-        self.source, self.cfg = source, cfg
-        self._spec = spec(cfg, source.spec())
-        self.cameras = [k for k in source.spec() if k.startswith(CAMERA)]
-        # the tokenizer the source tokenized the tasks with (None: bytes); a spec-only source has none
-        self.tokenizer = getattr(source, "tokenizer", None)
-
-    def rows(self, split: int, step: int, rows: slice) -> dict:
-        raw, a = self.source.rows(split, step, rows), self.cfg.model.action
-        bounds = rows.indices(self._spec["time"].shape[0])
-        noise, time = pi0_batch.noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon,
-                                               a.max_action_dim)
-        return {**observation_batch(raw, self.cameras, a.cameras, a.prompt_len, self.tokenizer),
-                "actions": pi0_batch.pad_last(raw[ACTION], a.max_action_dim), "action_is_pad": raw["action_is_pad"],
-                "noise": noise, "time": time}
-
-
-def rows(source, cfg) -> PolicyRows:
-    """The adapter's `rows`: the features' source checked against the model (π0's rules), then wrapped."""
-    pi0_batch.check(cfg, source.spec())
-    return PolicyRows(source, cfg)
-
-
 def observation_batch(raw: dict, cameras: list[str], slots: int, length: int, tokenizer) -> dict:
     """π0.5's observation (images, image_masks, tokens, token_mask) from stacked rows of the features."""
-    out = pi0_batch.observation_batch(raw, cameras, slots, raw[STATE].shape[-1])
+    out = vla_batch.observation_batch(raw, cameras, slots, raw[STATE].shape[-1])
     del out["state"]
     return {**out, **prompts(raw, length, tokenizer)}
 
@@ -112,5 +86,5 @@ def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> d
     return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["prompt_len"], tokenizer)
 
 
-ADAPTER = PolicyAdapter(check=pi0_batch.check, rows=rows, observation=observation, chunk=pi0_batch.chunk,
-                        widest=pi0_batch.widest)
+ADAPTER = PolicyAdapter(check=vla_batch.check, rows=vla_batch.rows_of(spec, observation), observation=observation,
+                        chunk=vla_batch.chunk, widest=vla_batch.widest)

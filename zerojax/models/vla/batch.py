@@ -1,7 +1,8 @@
-"""π0's batch from a robot dataset's features: its `PolicyAdapter` (`models/family.py`).
+"""A policy's batch from a robot dataset's features: the `PolicyAdapter` (`models/family.py`) of
+π0 and SmolVLA, which read the state as a vector, and the base π0.5's (`pi05.batch`) builds on.
 
 The features (a LeRobot source's rows, `zerojax.data.lerobot`, keyed by LeRobot's names) become
-the dict π0 reads (`pi0.BATCH`, batch axis first):
+the dict the policy reads (`pi0.model.BATCH`, batch axis first):
 
     images        float32 [B, cameras, 3, S, S] in [-1, 1]
     image_masks   bool    [B, cameras]         (a missing camera: False, its image all -1)
@@ -30,6 +31,8 @@ cameras than model.action.cameras): bad input, named, before anything is written
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -78,7 +81,7 @@ def check(cfg, features: dict) -> None:
 
 
 def spec(cfg, features: dict) -> dict:
-    """π0's batch (`pi0.BATCH`) for a source of these features."""
+    """The policy's batch (`pi0.model.BATCH`) for a source of these features."""
     a, B, S = cfg.model.action, cfg.train.global_batch, cfg.model.vision.image_size
     return {"images": Field((B, a.cameras, 3, S, S), "float32"), "image_masks": Field((B, a.cameras), "bool"),
             "tokens": features["tokens"], "token_mask": features["token_mask"],
@@ -104,12 +107,16 @@ def pad_last(x: np.ndarray, width: int) -> np.ndarray:
 
 
 class PolicyRows:
-    """A source of the dataset's features seen through π0's batch: the same rows, stacked and padded."""
+    """A source of the dataset's features seen through a policy's batch: the same rows, stacked
+    and padded, their observation made by the family's `observe` (its adapter's `observation`)."""
 
-    def __init__(self, source, cfg):
-        self.source, self.cfg = source, cfg
-        self._spec = spec(cfg, source.spec())
+    def __init__(self, source, cfg, batch_spec, observe):
+        self.source, self.cfg, self.observe = source, cfg, observe
+        self._spec = batch_spec(cfg, source.spec())
         self.cameras = [k for k in source.spec() if k.startswith(CAMERA)]
+        self.model = dataclasses.asdict(cfg.model)  # the model section as `observe` reads it (as serve's)
+        # the tokenizer the source tokenized the tasks with (None: bytes); a spec-only source has none
+        self.tokenizer = getattr(source, "tokenizer", None)
 
     @property
     def vocab_size(self) -> int:
@@ -125,15 +132,18 @@ class PolicyRows:
         raw, a = self.source.rows(split, step, rows), self.cfg.model.action
         bounds = rows.indices(self._spec["time"].shape[0])
         noise, time = noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon, a.max_action_dim)
-        return {**observation_batch(raw, self.cameras, a.cameras, a.max_state_dim),
+        return {**self.observe(raw, self.cameras, self.model, self.tokenizer),
                 "actions": pad_last(raw[ACTION], a.max_action_dim), "action_is_pad": raw["action_is_pad"],
                 "noise": noise, "time": time}
 
 
-def rows(source, cfg) -> PolicyRows:
-    """The adapter's `rows`: the features' source checked against the model, then wrapped."""
-    check(cfg, source.spec())
-    return PolicyRows(source, cfg)
+def rows_of(batch_spec, observe):
+    """The adapter's `rows` of a family's batch (`batch_spec(cfg, features)`) and observation
+    (`observe`, the adapter's `observation`): the features' source checked against the model, then wrapped."""
+    def rows(source, cfg) -> PolicyRows:
+        check(cfg, source.spec())
+        return PolicyRows(source, cfg, batch_spec, observe)
+    return rows
 
 
 def observation_batch(raw: dict, cameras: list[str], slots: int, max_state_dim: int) -> dict:
@@ -151,8 +161,8 @@ def observation_batch(raw: dict, cameras: list[str], slots: int, max_state_dim: 
 
 
 def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> dict:
-    """The adapter's `observation`, for `zerojax serve`: `model` is the run's model section (π0
-    reads the prompt's tokens as they are: `tokenizer` is unused)."""
+    """The adapter's `observation`, in training and for `zerojax serve`: `model` is the run's model
+    section as a dict (π0 reads the prompt's tokens as they are: `tokenizer` is unused)."""
     return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["max_state_dim"])
 
 
@@ -161,4 +171,5 @@ def chunk(model: dict) -> tuple[int, int]:
     return model["action"]["horizon"], model["action"]["max_action_dim"]
 
 
-ADAPTER = PolicyAdapter(check=check, rows=rows, observation=observation, chunk=chunk, widest=widest)
+ADAPTER = PolicyAdapter(check=check, rows=rows_of(spec, observation), observation=observation, chunk=chunk,
+                        widest=widest)

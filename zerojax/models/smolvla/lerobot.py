@@ -3,7 +3,7 @@
 with transformers 5 writes it: the tensor table, the model keys config.json, the tensors' shapes
 and the SmolVLM directory it names imply, and config.json for an export.
 
-A unit holds two of LeRobot's layers (`smolvla_layers`: self_attn_every_n_layers = 2, LeRobot's
+A unit holds two of LeRobot's layers (`smolvla.layers`: self_attn_every_n_layers = 2, LeRobot's
 default and every published SmolVLA's): its `vlm_0`/`expert_0` are LeRobot's layer 2i, its
 `vlm_1`/`expert_1` layer 2i + 1 (`Tensor.every`, `Tensor.offset`). Another interleaving, an
 expert shallower than the VLM (num_expert_layers) or attention_mode other than cross_attn is
@@ -17,11 +17,11 @@ SmolVLM2-500M's (15 heads, 5 key/value heads of 64; the tower's 12 heads).
 from __future__ import annotations
 
 import json
-import re
 
 from zerojax.errors import ConfigError
-from zerojax.models import siglip
+from zerojax.models import decoder, siglip
 from zerojax.models.family import LeRobotLayout, Tensor, local_file
+from zerojax.models.vla import lerobot
 
 ROOT = "model.vlm_with_expert."
 VLM = ROOT + "vlm.model."
@@ -35,27 +35,15 @@ SMOLVLM2 = {"num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64,
             "vision_heads": 12, "layer_norm_eps": 1e-6}  # SmolVLM2-500M's, where no SmolVLM config is at hand
 
 
-def _layer_tensors(stream: str, layer: str, offset: int) -> dict:
-    at = dict(every=EVERY, offset=offset)
-    out = {f"layers/{stream}/{norm}/scale": Tensor(layer + f"{norm}.weight", **at)
-           for norm in ("input_layernorm", "post_attention_layernorm")}
-    out.update({f"layers/{stream}/{p}/kernel": Tensor(layer + f"self_attn.{p}.weight", True, **at)
-                for p in ("q_proj", "k_proj", "v_proj", "o_proj")})
-    out.update({f"layers/{stream}/mlp/{p}/kernel": Tensor(layer + f"mlp.{p}.weight", True, **at)
-                for p in ("gate_proj", "up_proj", "down_proj")})
-    return out
-
-
 LEROBOT_TENSORS = {
     **siglip.hf_tensors("vision", "vision_embeddings", "vision_post_layernorm", TOWER),
     "connector/kernel": Tensor(VLM + "connector.modality_projection.proj.weight", True),
     "embed_tokens/embedding": Tensor(VLM + "text_model.embed_tokens.weight"),
     "norm/scale": Tensor(VLM + "text_model.norm.weight"),
     "expert_norm/scale": Tensor(ROOT + "lm_expert.norm.weight"),
-    **{k: v for j in range(EVERY) for k, v in _layer_tensors(f"vlm_{j}", TEXT_LAYER, j).items()},
-    **{k: v for j in range(EVERY) for k, v in _layer_tensors(f"expert_{j}", EXPERT_LAYER, j).items()},
-    **{f"{p}/{leaf}": Tensor(f"model.{p}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel")
-       for p in HEADS for leaf in ("kernel", "bias")},
+    **{k: v for j in range(EVERY) for stream, layer in ((f"vlm_{j}", TEXT_LAYER), (f"expert_{j}", EXPERT_LAYER))
+       for k, v in decoder.hf_tensors(f"layers/{stream}", layer, nested=False, every=EVERY, offset=j).items()},
+    **lerobot.head_tensors(HEADS),
 }
 
 
@@ -84,27 +72,15 @@ def _refuse_unmapped(config: dict, where: str, layers: int, expert_layers: int) 
 
 def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> dict:
     """The model.* keys of a LeRobot SmolVLA checkpoint (module docstring)."""
-    def shape(name):
-        if name not in shapes:
-            raise ConfigError(f"{where}: model.safetensors has no tensor {name!r}, which a LeRobot SmolVLA has")
-        return tuple(shapes[name])
-
-    depth = lambda pattern: len({m.group(1) for k in shapes if (m := re.match(pattern, k))})  # noqa: E731
-    layers = depth(re.escape(VLM + "text_model.layers.") + r"(\d+)\.")
-    _refuse_unmapped(config, where, layers, depth(re.escape(ROOT + "lm_expert.layers.") + r"(\d+)\."))
+    shape = lerobot.shape_reader(shapes, where, "SmolVLA")
+    layers = lerobot.depth(shapes, VLM + "text_model.layers.")
+    _refuse_unmapped(config, where, layers, lerobot.depth(shapes, ROOT + "lm_expert.layers."))
     vlm = smolvlm_config(config, where)
     text, vision = vlm.get("text_config", {}), vlm.get("vision_config", {})
     pick = lambda key, cfg, default_key=None: cfg.get(key, given.get(default_key or key, SMOLVLM2[default_key or key]))  # noqa: E731
     vocab, width = shape(VLM + "text_model.embed_tokens.weight")
     layer, expert = TEXT_LAYER.format(i=0), EXPERT_LAYER.format(i=0)
-    e, _, patch, _ = shape(TOWER + "embeddings.patch_embedding.weight")
-    n_patches = shape(TOWER + "embeddings.position_embedding.weight")[0]
-    missing = [k for k in ("chunk_size", "max_state_dim", "max_action_dim", "tokenizer_max_length") if k not in config]
-    if missing:
-        raise ConfigError(f"{where} has no {', '.join(missing)}; a LeRobot SmolVLA config.json holds them")
-    features = config.get("input_features") or {}
-    cameras = [k for k, f in features.items() if isinstance(f, dict) and f.get("type") == "VISUAL"]
-    action = (config.get("output_features") or {}).get("action", {}).get("shape", [config["max_action_dim"]])
+    tower = lerobot.tower_keys(shapes, shape, TOWER)
     heads = int(pick("num_attention_heads", text))
     return {
         "family": "smolvla", "vocab_size": vocab, "d_model": width, "n_layers": layers, "n_heads": heads,
@@ -114,29 +90,22 @@ def lerobot_model_keys(config: dict, shapes: dict, where: str, given: dict) -> d
         "rope_theta": 10000.0,
         "expert": {"d_model": shape(expert + "input_layernorm.weight")[0],
                    "d_ff": shape(expert + "mlp.gate_proj.weight")[0]},
-        "vision": {"image_size": int(round(n_patches ** 0.5)) * patch, "patch_size": patch, "d_model": e,
-                   "n_layers": depth(re.escape(TOWER + "encoder.layers.") + r"(\d+)\."),
+        "vision": {**tower,
                    "n_heads": int(vision.get("num_attention_heads") or (given.get("vision") or {}).get("n_heads")
                                   or SMOLVLM2["vision_heads"]),
-                   "d_ff": shape(TOWER + "encoder.layers.0.mlp.fc1.weight")[0],
                    "norm_eps": float(vision.get("layer_norm_eps", SMOLVLM2["layer_norm_eps"]))},
-        "action": {"horizon": config["chunk_size"], "max_state_dim": config["max_state_dim"],
-                   "max_action_dim": config["max_action_dim"], "action_dim": int(action[0]),
-                   "cameras": max(1, len(cameras) + config.get("empty_cameras", 0)),
-                   "prompt_len": config["tokenizer_max_length"]},
+        "action": lerobot.action_keys(config, where, "SmolVLA"),
         "smolvla": {"self_attn_every_n_layers": EVERY, "num_steps": int(config.get("num_steps", 10)),
-                    "pixel_shuffle": int(round((shape(VLM + "connector.modality_projection.proj.weight")[1] / e) ** 0.5))},
+                    "pixel_shuffle": int(round((shape(VLM + "connector.modality_projection.proj.weight")[1]
+                                                / tower["d_model"]) ** 0.5))},
     }
 
 
 def to_lerobot_config(model: dict, base: dict) -> dict:
-    """A LeRobot 0.6 SmolVLAConfig's config.json for a run's model section: `base` (the config.json
-    the run started from, or {}) with the keys the model fixes set from it."""
-    a, S, v = model["action"], model["vision"]["image_size"], model.get("smolvla", {})
-    out = {"type": "smolvla", "n_obs_steps": 1, **base}
-    out.update(chunk_size=a["horizon"], n_action_steps=min(base.get("n_action_steps", a["horizon"]), a["horizon"]),
-               max_state_dim=a["max_state_dim"], max_action_dim=a["max_action_dim"],
-               tokenizer_max_length=a["prompt_len"], resize_imgs_with_padding=[S, S], num_vlm_layers=model["n_layers"],
+    """A LeRobot 0.6 SmolVLAConfig's config.json for a run's model section (`vla.lerobot.to_config`)."""
+    S, v = model["vision"]["image_size"], model.get("smolvla", {})
+    out = lerobot.to_config("smolvla", model, base)
+    out.update(resize_imgs_with_padding=[S, S], num_vlm_layers=model["n_layers"],
                self_attn_every_n_layers=v.get("self_attn_every_n_layers", EVERY), attention_mode="cross_attn",
                num_expert_layers=-1, num_steps=v.get("num_steps", 10),
                expert_width_multiplier=model["expert"]["d_model"] / model["d_model"])

@@ -1,14 +1,15 @@
 """SmolVLA in Flax NNX (`model.family=smolvla`): LeRobot's small vision-language-action model, as
 LeRobot 0.6.1's `VLAFlowMatching` (`smolvla/modeling_smolvla.py`) computes it, so that its
-checkpoints map one to one (`smolvla_lerobot`).
+checkpoints map one to one (`smolvla.lerobot`).
 
 A SmolVLM (a SigLIP-style tower, pixel shuffle and a linear connector, a Llama truncated to
 model.n_layers) reads the cameras, the prompt and the state (the *prefix*); an action expert, a
 Llama of the same depth, heads and head dim at model.expert.d_model (0.75 of the VLM's width),
 reads the noisy action chunk (the *suffix*). Its layers alternate self-attention over both
-streams with cross-attention to the VLM's keys and values (`smolvla_layers`).
+streams with cross-attention to the VLM's keys and values (`smolvla.layers`).
 
-What differs from π0 (`pi0`, whose flow matching, loss and batch it shares):
+The flow-matching policy (`vla.flow`: the loss, the sampler) and the shared adapter
+(`vla.batch`: the state as a vector, as π0's); SmolVLA's own:
 
     the prefix    per camera its image tokens: the tower's output post-layernormed, pixel-shuffled
                   by model.smolvla.pixel_shuffle, projected (no bias) and scaled by sqrt(D); then
@@ -16,7 +17,7 @@ What differs from π0 (`pi0`, whose flow matching, loss and batch it shares):
                   that starts a block (the images and prompt do not see it)
     the suffix    H action tokens, action_time_mlp(action_in_proj(x_t) ++ sin/cos time), each
                   starting a block of its own: causal among themselves
-    the units     `smolvla_layers.Block`: model.smolvla.self_attn_every_n_layers VLM layers and
+    the units     `smolvla.layers.Block`: model.smolvla.self_attn_every_n_layers VLM layers and
                   the expert layers that read them
     sampling      LeRobot 0.6.1's Euler grid (t = 1 + k·dt in float64), model.smolvla.num_steps
 
@@ -29,18 +30,20 @@ vision width, N patches.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, llama, pi0, pi0_batch, protocol, rtc, siglip, smolvla_lerobot
+from zerojax.models import attention, decoder, siglip
 from zerojax.models.family import POLICY, Family
-from zerojax.models.smolvla_layers import Block, Shape
-from zerojax.models.vla import linear, time_embedding
+from zerojax.models.smolvla import lerobot
+from zerojax.models.smolvla.layers import Block
+from zerojax.models.vla import batch as vla_batch
+from zerojax.models.vla.flow import FlowMatchingPolicy, Shape, shape_of
+from zerojax.models.vla import layers
+from zerojax.models.vla.layers import linear
 from zerojax.precision import Policy
 
 TOWER = ("vision", "vision_embeddings", "vision_post_layernorm")
@@ -70,23 +73,20 @@ def pixel_shuffle(x_BNE: jax.Array, scale: int) -> jax.Array:
     return x.reshape(B, N // (scale * scale), E * scale * scale)
 
 
-class SmolVLA(pi0.Pi0):
-    """SmolVLA (module docstring): π0's flow matching and loss over SmolVLA's prefix, suffix and units."""
+class SmolVLA(FlowMatchingPolicy):
+    """SmolVLA (module docstring): the flow-matching policy over SmolVLA's prefix, suffix and units."""
 
-    STACKED = ("vision", "layers")
     COMPONENTS = COMPONENTS
 
     def __init__(self, *, shape: Shape, vision: siglip.Shape, policy: Policy = Policy(), rngs: nnx.Rngs,
                  spec: attention.Spec = attention.Spec(), num_steps: int = 10):
-        s, self.shape, self.vision_shape, self.num_steps = shape, shape, vision, num_steps
-        self.vision_embeddings = siglip.Embeddings(vision, policy, rngs)
-        self.vision = siglip.make_stack(vision, policy, rngs, spec)
-        self.vision_post_layernorm = siglip.layer_norm(vision.d_model, vision.norm_eps, policy, rngs)
+        s, self.shape, self.num_steps = shape, shape, num_steps
+        self.init_tower(vision, policy, rngs, spec)
         self.connector = nnx.Linear(vision.d_model * s.pixel_shuffle ** 2, s.d_model, use_bias=False,
                                     dtype=policy.compute, param_dtype=policy.param, rngs=rngs,
-                                    kernel_init=nnx.initializers.normal(llama.STD))
+                                    kernel_init=nnx.initializers.normal(decoder.STD))
         self.embed_tokens = nnx.Embed(s.vocab_size, s.d_model, dtype=policy.compute, param_dtype=policy.param,
-                                      embedding_init=nnx.initializers.normal(llama.STD), rngs=rngs)
+                                      embedding_init=nnx.initializers.normal(decoder.STD), rngs=rngs)
 
         @nnx.split_rngs(splits=s.n_layers // s.every)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -94,22 +94,11 @@ class SmolVLA(pi0.Pi0):
             return Block(s, policy, rngs, spec)
 
         self.layers = make_layers(rngs)
-        self.norm = llama._norm(s.d_model, s.norm_eps, policy, rngs)  # the VLM's final norm (output unused)
-        self.expert_norm = llama._norm(s.expert_d_model, s.norm_eps, policy, rngs)
+        self.norm = decoder.rms_norm(s.d_model, s.norm_eps, policy, rngs)  # the VLM's final norm (output unused)
+        self.expert_norm = decoder.rms_norm(s.expert_d_model, s.norm_eps, policy, rngs)
         W = s.expert_d_model
         self.state_proj = linear(s.max_state_dim, s.d_model, policy, rngs)
-        self.action_in_proj = linear(s.max_action_dim, W, policy, rngs)
-        self.action_out_proj = linear(W, s.max_action_dim, policy, rngs)
-        self.action_time_mlp_in = linear(2 * W, W, policy, rngs)
-        self.action_time_mlp_out = linear(W, W, policy, rngs)
-
-    def between(self, name: str, x_ENE: jax.Array, batch: dict) -> dict:
-        prefix, prefix_pad = self.embed_prefix(x_ENE, batch)
-        suffix = self.suffix_of(batch, self.noisy_actions(batch), batch["time"])["suffix"]
-        B, P, S = prefix.shape[0], prefix.shape[1], suffix.shape[1]
-        pad = jnp.concatenate([prefix_pad, jnp.ones((B, S), bool)], axis=1)
-        ar = jnp.broadcast_to(jnp.asarray(self.prefix_ar(P) + self.suffix_ar(), jnp.int32), (B, P + S))
-        return {"prefix": prefix, "suffix": suffix, "pad": pad, "ar": ar}
+        self.init_action_time_heads(s.max_action_dim, W, policy, rngs)
 
     def image_features(self, x_ENE: jax.Array, cameras: int) -> jax.Array:
         """Each camera's image tokens, [B, cameras·N/s², D], scaled by sqrt(D) as LeRobot's embed_prefix."""
@@ -135,49 +124,8 @@ class SmolVLA(pi0.Pi0):
         return [1] * self.shape.horizon
 
     def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time_B: jax.Array) -> dict:
-        """The action tokens [B, H, W], and the prefix's pad (the cross-attention layers read it)."""
-        actions = self.action_in_proj(x_t_BHA)
-        times = jnp.broadcast_to(time_embedding(time_B, actions.shape[-1])[:, None].astype(actions.dtype),
-                                 actions.shape)
-        fused = self.action_time_mlp_out(jax.nn.silu(self.action_time_mlp_in(jnp.concatenate([actions, times], -1))))
-        return {"suffix": fused}
-
-    def velocity(self, x: dict) -> jax.Array:
-        out = self.expert_norm(x["suffix"])[:, -self.shape.horizon:]
-        return self.action_out_proj(out.astype(jnp.float32)).astype(jnp.float32)
-
-    def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int | None = None,
-                       guide: rtc.Guide | None = None) -> jax.Array:
-        """Actions [B, H, max_action_dim] (normalized space): LeRobot 0.6.1's Euler steps from t = 1
-        to 0, the prefix's keys and values computed once (its KV cache); with a `guide`, each
-        step's velocity is real-time chunking's (`zerojax.models.rtc`), as π0's."""
-        num_steps = num_steps or self.num_steps
-        prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
-        B, P = prefix_pad.shape
-        prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
-        prefix_mask = attention.blocks(prefix_pad, jnp.broadcast_to(jnp.asarray(self.prefix_ar(P)), (B, P)))
-        graphdef, stacked = nnx.split(self.layers)
-        _, cache = jax.lax.scan(lambda h, layer: nnx.merge(graphdef, layer).prefix_kv(h, prefix_positions, prefix_mask),
-                                prefix, stacked)
-        H = self.shape.horizon
-        group = jnp.broadcast_to(jnp.arange(1, H + 1, dtype=jnp.int32), (B, H))  # causal, after the prefix
-        mask = attention.Mask(group, jnp.concatenate([jnp.zeros((B, P), jnp.int32), group], axis=1),
-                              k_valid=jnp.concatenate([prefix_pad.astype(bool), jnp.ones((B, H), bool)], axis=1))
-        positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.arange(H)[None]
-
-        def velocity(x_t, time):
-            carried = {"suffix": self.suffix_of(batch, x_t, jnp.broadcast_to(time, (B,)))["suffix"],
-                       "prefix_pad": prefix_pad}
-            out, _ = jax.lax.scan(lambda h, xs: (nnx.merge(graphdef, xs[0]).suffix_step(h, xs[1], positions, mask),
-                                                 None), carried, (stacked, cache))
-            return self.velocity(out)
-
-        return rtc.integrate(velocity, noise, self.euler_times(num_steps), guide)
-
-    @staticmethod
-    def euler_times(num_steps: int) -> np.ndarray:
-        """LeRobot 0.6.1's `euler_integrate`: t = 1 + k·dt in float64, then fp32."""
-        return np.asarray([1.0 + k * (-1.0 / num_steps) for k in range(num_steps)], np.float32)
+        """The action tokens [B, H, W]: each a block of its own."""
+        return {"suffix": self.action_time_tokens(x_t_BHA, time_B)}
 
     @property
     def prefix_len(self) -> int:
@@ -190,34 +138,20 @@ class SmolVLA(pi0.Pi0):
         on the P prefix tokens, the expert's layers and the action heads on the H suffix tokens,
         and attention's 12·(queries·keys)·Q·K: the self-attention layers over P + H keys, the
         cross-attention layers' prefix over P keys and suffix over P keys."""
-        params = nnx.to_pure_dict(nnx.state(self, nnx.Param))
-        size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
         s, P, H = self.shape, self.prefix_len, self.shape.horizon
-        layers = params["layers"]
-        vlm = sum(size(v) for k, v in layers.items() if k.startswith("vlm_")) + size(params["connector"])
-        expert = sum(size(v) for k, v in layers.items() if k.startswith("expert_"))
-        expert += sum(size(params[k]) for k in ("expert_norm", *ACTION))
-        tower = sum(size(params[k]) for k in TOWER)
+        vlm = self.param_size(*(f"layers/vlm_{j}" for j in range(s.every)), "connector")
+        expert = self.param_size(*(f"layers/expert_{j}" for j in range(s.every)), "expert_norm", *ACTION)
+        tower = self.param_size(*TOWER)
         self_layers = s.n_layers // s.every
         pairs = self_layers * (P + H) ** 2 + (s.n_layers - self_layers) * (P * P + H * P)
         return (s.cameras * siglip.flops_per_image(tower, self.vision_shape) + 6 * vlm * P + 6 * expert * H
                 + 12 * pairs * s.n_heads * s.head_dim)
 
 
-def shape_of(cfg) -> Shape:
-    """The Shape of a ModelConfig (model.*, model.expert.*, model.action.*, model.smolvla.*)."""
-    a, v = cfg.action, cfg.smolvla
-    return Shape(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                 n_kv_heads=cfg.n_kv_heads or cfg.n_heads, head_dim=cfg.head_dim or cfg.d_model // cfg.n_heads,
-                 d_ff=cfg.d_ff, expert_d_model=cfg.expert.d_model, expert_d_ff=cfg.expert.d_ff, horizon=a.horizon,
-                 max_state_dim=a.max_state_dim, max_action_dim=a.max_action_dim,
-                 action_dim=a.action_dim or a.max_action_dim, cameras=a.cameras, prompt_len=a.prompt_len,
-                 norm_eps=cfg.norm_eps, every=v.self_attn_every_n_layers, pixel_shuffle=v.pixel_shuffle)
-
-
 def build(*, cfg, policy: Policy, rngs: nnx.Rngs) -> SmolVLA:
     """The `model.family=smolvla` factory."""
-    return SmolVLA(shape=shape_of(cfg), vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs,
+    shape = shape_of(cfg, every=cfg.smolvla.self_attn_every_n_layers, pixel_shuffle=cfg.smolvla.pixel_shuffle)
+    return SmolVLA(shape=shape, vision=siglip.shape_of(cfg.vision), policy=policy, rngs=rngs,
                    spec=attention.spec_of(cfg), num_steps=cfg.smolvla.num_steps)
 
 
@@ -234,10 +168,8 @@ def check_config(cfg) -> None:
     if side % scale:
         raise ConfigError(f"model.vision.image_size / patch_size = {side} patches a side is not divisible by "
                           f"model.smolvla.pixel_shuffle={scale}; the pixel shuffle groups {scale} x {scale} patches")
-    if cfg.expert.d_model % 2:
-        raise ConfigError(f"model.expert.d_model={cfg.expert.d_model} must be even: the action tokens' sine-cosine "
-                          "time embedding has one sine and one cosine per frequency")
+    layers.check_time_width(cfg)
 
 
-FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=smolvla_lerobot.LEROBOT,
-                adapter=dataclasses.replace(pi0_batch.ADAPTER, pad_before=True))  # LeRobot's resize_with_pad
+FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=lerobot.LEROBOT,
+                adapter=dataclasses.replace(vla_batch.ADAPTER, pad_before=True))  # LeRobot's resize_with_pad
