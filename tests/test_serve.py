@@ -26,7 +26,8 @@ from conftest import ROOT, TINY, one_error_line
 from zerojax import cli, config
 from zerojax.data import sources
 from zerojax.interop import safetensors as safetensors_io
-from zerojax.serve import policy, server
+from zerojax.serve import loaders, server
+from zerojax.serve.observation import ObservationError
 from zerojax.train import export
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
@@ -54,7 +55,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(run_dir):
-    return policy.load(run_dir, num_steps=STEPS, seed=SEED)
+    return loaders.load(run_dir, num_steps=STEPS, seed=SEED)
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +408,7 @@ class Batching:
 
     def prepare(self, obs):
         if not isinstance(obs.get("x"), int):
-            raise policy.ObservationError("observation: 'x' must be an int")
+            raise ObservationError("observation: 'x' must be an int")
         return obs["x"]
 
     def infer_rows(self, rows, requests):
@@ -445,7 +446,7 @@ def test_requests_that_wait_together_are_sampled_in_one_call_and_each_gets_its_o
 
 
 def test_rows_sampled_together_get_the_actions_of_one_at_a_time(lerobot_reference):
-    batched = policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2,
+    batched = loaders.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2,
                           max_batch=4)
     observations = lerobot_reference[0] * 2  # 3 rows: padded to 4 with the first
     rows = [batched.prepare(obs) for obs in observations[:3]]
@@ -494,7 +495,7 @@ def test_an_exported_checkpoint_alone_serves_the_runs_policy(exported, run_dir, 
     alone = tmp_path / "elsewhere" / "policy.safetensors"  # away from the run directory, which is not read
     alone.parent.mkdir()
     shutil.copy(exported, alone)
-    from_export = policy.load(alone, num_steps=STEPS, seed=SEED)
+    from_export = loaders.load(alone, num_steps=STEPS, seed=SEED)
     assert from_export.where == f"{alone} (exported at step 1)"
     assert {**from_export.metadata(), "run": None} == {**served.metadata(), "run": None}
     for request, obs in enumerate(frames[0][:2]):
@@ -579,7 +580,7 @@ def lerobot_reference():
 
 @pytest.fixture(scope="module")
 def lerobot_served():
-    return policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+    return loaders.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
 
 
 def test_a_lerobot_checkpoint_answers_as_lerobots_select_action(lerobot_served, lerobot_reference):
@@ -602,7 +603,7 @@ def test_a_lerobot_04_checkpoint_reads_its_processor_files_and_centres_its_paddi
     for path in [LEROBOT / "pi0" / "config.json", LEROBOT / "pi0" / "model.safetensors",
                  *(LEROBOT / "pi0_processors").iterdir()]:
         shutil.copy(path, new)
-    served = policy.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+    served = loaders.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
     assert "LeRobot 0.4+ pi0 checkpoint" in served.where and not served.pad_before and lerobot_served.pad_before
     assert {k: v["mode"] for k, v in served.norms.items()} == {k: v["mode"] for k, v in lerobot_served.norms.items()}
     obs, ref = lerobot_reference

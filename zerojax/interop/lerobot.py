@@ -164,6 +164,24 @@ def read_policy(directory) -> PolicyDir:
                      registry.pads_before(family) or image_padding(directory) == BEFORE)
 
 
+def named_tokenizer(directory) -> str | None:
+    """The tokenizer.json a LeRobot policy directory names where it is at hand: its preprocessor's
+    tokenizer step's `tokenizer_name` (what LeRobot tokenizes with; a zerojax export writes the
+    run's data.tokenizer there), else its family's `LeRobotLayout.tokenizer` (SmolVLA's local
+    SmolVLM directory), each as a path from the current directory or one above the policy's; else None."""
+    directory = Path(directory)
+    config = read_config(directory)
+    pipeline = directory / "policy_preprocessor.json"
+    steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
+    names = [s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict)]
+    for name in filter(None, names):
+        for base in (Path.cwd(), *directory.resolve().parents):
+            if (base / name / "tokenizer.json").is_file():
+                return str(base / name / "tokenizer.json")
+    _, layout = registry.lerobot_layouts()[config["type"]]
+    return layout.tokenizer(config, str(directory))
+
+
 def init_files(directory) -> dict:
     """RUN_DIR/lerobot_init/'s files (name -> bytes) for a run that starts from a LeRobot
     checkpoint: its config.json as it is, and its statistics (`read_stats`)."""
@@ -338,9 +356,10 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
         else:
             yield from blocks_of(path)
 
-    (tmp := out.with_name(out.name + ".tmp")).mkdir(parents=True, exist_ok=True)
-    padding = {PADDING_KEY: BEFORE if registry.pads_before(model["family"]) else CENTRED}
-    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, padding), tensors, blocks, dtype)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    padding = BEFORE if registry.pads_before(model["family"]) else CENTRED
+    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: padding}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     if steps:
         processors.write(tmp, config, stats, steps, tokenizer)
