@@ -458,13 +458,66 @@ def test_rows_sampled_together_get_the_actions_of_one_at_a_time(lerobot_referenc
 
 @pytest.mark.slow
 def test_the_batching_benchmark_runs_both_servers_in_one_run():
-    """scripts/bench/serve_batching.py at its smallest: the two rows of its table, measured."""
+    """scripts/bench/serve_batching.py at its smallest: its table has the two rows, each with its
+    five columns filled (what it measures is checked by the next test)."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "serve_batching.py"), "--clients", "2",
                            "--requests", "2", "--max-batch", "2"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| one at a time") or "--max-batch 2" in line]
-    assert len(rows) == 2 and all(float(row.split("|")[2]) > 0 for row in rows), done.stdout
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| one at a time") or
+            line.startswith("| `--max-batch 2`")]
+    assert [r[0].strip() for r in rows] == ["one at a time (default)", "`--max-batch 2`"], done.stdout
+    assert all(len(r) == 5 and all(float(x) >= 0 for x in r[1:]) for r in rows), done.stdout
+
+
+class Sleeping(Batching):
+    """A policy each of whose calls takes `SECONDS`, one row or several: the benchmark's clock has
+    a floor that it must respect."""
+
+    SECONDS = 0.05
+
+    def __init__(self, max_batch):
+        super().__init__()
+        self.max_batch = max_batch
+
+    def metadata(self):
+        return {"observation": {"x": {"shape": [1], "dtype": "float32"}, "prompt": {"dtype": "str"}}}
+
+    def prepare(self, obs):
+        return obs
+
+    def infer_rows(self, rows, requests):
+        self.calls.append(len(rows))
+        time.sleep(self.SECONDS)
+        return [{"actions": np.zeros((1, 1), np.float32)} for _ in rows]
+
+
+def test_the_batching_benchmark_measures_requests_over_their_time():
+    """serve_batching.fleet's requests/s is the requests answered over the time they took: every
+    request is timed, none answered sooner than a call takes, and the rate is within what the
+    calls' own time allows (one worker, one call at a time: the run lasts at least calls x SECONDS)
+    and at least the requests over the time measured around it."""
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    try:
+        import serve_batching
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    clients, requests = 3, 4
+    for max_batch in (1, clients):
+        policy = Sleeping(max_batch)
+        srv = server.PolicyServer(policy, port=0)
+        port = srv.start()
+        try:
+            start = time.perf_counter()
+            rate, latencies = serve_batching.fleet(port, clients, requests)
+            outside = time.perf_counter() - start
+        finally:
+            srv.stop()
+        assert len(latencies) == sum(policy.calls) == clients * requests
+        assert min(latencies) >= Sleeping.SECONDS * 1e3
+        assert clients * requests / outside <= rate <= clients * requests / (len(policy.calls) * Sleeping.SECONDS)
+        if max_batch == 1:
+            assert policy.calls == [1] * clients * requests and rate <= 1 / Sleeping.SECONDS
 
 
 def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, frames):
