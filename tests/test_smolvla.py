@@ -198,13 +198,13 @@ def test_a_camera_that_is_not_square_is_padded_as_lerobot_061_pads_it(family, pa
     """tests/fixtures/lerobot06/padding.safetensors, from LeRobot 0.6.1's own functions
     (scripts/fixtures/make_lerobot06_padding.py): π0 and π0.5 centre (openpi's), SmolVLA pads the
     top and left; the family's declaration says which, for training and serving alike."""
-    from zerojax.data import lerobot_frames
+    from zerojax.data.lerobot import frames
     from zerojax.models import registry
 
     ref = load_file(FIXTURE / "padding.safetensors")
     for name in ("wide", "tall"):
         image = ref[name][0] * np.float32(2) - np.float32(1)
-        got = lerobot_frames.resize_with_pad(image, 16, registry.pads_before(family))
+        got = frames.resize_with_pad(image, 16, registry.pads_before(family))
         np.testing.assert_allclose(got, ref[f"{name}.{padding}"][0], atol=1e-6, err_msg=name)
 
 

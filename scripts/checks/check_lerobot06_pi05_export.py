@@ -48,7 +48,8 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from zerojax.data import lerobot, lerobot_frames, lerobot_meta
+    from zerojax.data import lerobot
+    from zerojax.data.lerobot import frames as lerobot_frames, meta as lerobot_meta
     from zerojax.serve import loaders
 
     info = lerobot.read_info(DATASET)

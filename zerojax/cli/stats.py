@@ -1,5 +1,5 @@
 """`zerojax stats DIR`: a LeRobot v3.0 dataset's statistics (min, max, mean, std, count, q01, q10,
-q50, q90, q99 of every feature), as LeRobot 0.6.1 computes them (`zerojax.data.stats`), written to
+q50, q90, q99 of every feature), as LeRobot 0.6.1 computes them (`zerojax.data.lerobot.stats`), written to
 DIR/meta/stats.json where the dataset has none (or to --out), alone or split over the processes of
 a multi-process run (process 0 writes): the flags, or the launch the environment describes, as for
 `zerojax train` (mesh.detect_launch). It imports jax for that alone; the statistics are numpy."""
@@ -39,7 +39,7 @@ def target(args) -> Path:
 
 
 def run(args) -> int:
-    from zerojax.data import stats
+    from zerojax.data.lerobot import stats
 
     out = target(args)
     index, count = 0, 1

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zerojax.data import lerobot, lerobot_frames
+from zerojax.data import lerobot
+from zerojax.data.lerobot import frames
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
 
@@ -49,7 +50,7 @@ class Observations:
     image_size: int
     prompt_len: int
     model_keys: dict  # the run's model section (model.family and the family's keys), as saved
-    # top-left image padding (lerobot_frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
+    # top-left image padding (frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
     pad_before: bool = False
 
     def __post_init__(self):
@@ -171,11 +172,11 @@ def camera(key: str, value, size: int) -> np.ndarray:
         raise ObservationError(f"observation: {key!r} must be an RGB image, uint8 [h, w, 3] (or [3, h, w]); got "
                                f"shape {list(x.shape)}")
     h, w = x.shape[:2] if x.shape[-1] == 3 else x.shape[1:]
-    if not lerobot_frames.resizable(h, w, size):
+    if not frames.resizable(h, w, size):
         raise ObservationError(f"observation: {key!r} is {h} x {w} pixels: resized to fit the model's {size} x {size} "
                                f"its short side would vanish; give an image at most {size}:1 in aspect")
     if x.dtype == np.uint8:  # [h, w, 3] unless only the first axis is 3
-        return lerobot_frames.to_unit_float(x if x.shape[-1] == 3 else x.transpose(1, 2, 0))
+        return frames.to_unit_float(x if x.shape[-1] == 3 else x.transpose(1, 2, 0))
     if x.dtype.kind != "f":
         raise ObservationError(f"observation: {key!r} must be uint8 (0-255) or float in [0, 1]; got dtype {x.dtype}")
     chw = (x if x.shape[0] == 3 else x.transpose(2, 0, 1)).astype(np.float32)  # [3, h, w] unless only the last is 3

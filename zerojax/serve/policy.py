@@ -46,7 +46,7 @@ class ServedPolicy:
     num_steps: int
     seed: int
     fps: float = 0.0
-    # top-left image padding (lerobot_frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
+    # top-left image padding (lerobot.frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
     pad_before: bool = False
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it

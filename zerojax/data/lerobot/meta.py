@@ -2,7 +2,7 @@
 the columns of the data Parquet files that a batch reads (state, action, timestamps, task
 indices, embedded images) and, from its metadata, each episode's rows and its place in the video
 files, the tasks and the statistics (`Tables`). Codebase v3.0's metadata is read here
-(meta/episodes/*.parquet, meta/tasks.parquet, meta/stats.json), v2.1's in `lerobot_v21`.
+(meta/episodes/*.parquet, meta/tasks.parquet, meta/stats.json), v2.1's in `v21`.
 
 Layout of v3.0 (LeRobot 0.4, `lerobot.datasets.utils`): `info["data_path"]` and `info["video_path"]`
 are templates filled with an episode's `data/chunk_index`, `data/file_index` and
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from zerojax.config.normalization import NormalizationMode
-from zerojax.data import lerobot_frames as frames
+from zerojax.data.lerobot import frames
 from zerojax.errors import ConfigError
 
 

@@ -49,14 +49,12 @@ import numpy as np
 
 from zerojax.config.normalization import NormalizationMode
 from zerojax.data import corpus as corpus_lib
-from zerojax.data import lerobot_frames as frames
-from zerojax.data import lerobot_meta as meta
-from zerojax.data import lerobot_v21
+from zerojax.data.lerobot import frames, meta, v21
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, Field
 
-VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
+VERSIONS = {"v2.1": v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
 # NormalizerProcessorStep's default eps, used as LeRobot (0.4 to 0.6.1) uses it: mean_std divides by std + eps;
 # min_max, quantiles (q01/q99) and quantile10 (q10/q90) put eps in place of a denominator that is exactly 0
@@ -217,7 +215,7 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
     tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
     served policy reads cannot drift from what it was trained on (`pad_before`: the top-left
-    padding of SmolVLA and of LeRobot 0.3.x's π0, `lerobot_frames.resize_with_pad`)."""
+    padding of SmolVLA and of LeRobot 0.3.x's π0, `frames.resize_with_pad`)."""
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
         out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.data import lerobot_frames as frames
-from zerojax.data import lerobot_meta as meta
+from zerojax.data.lerobot import frames, meta
 from zerojax.errors import ConfigError
 
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # LeRobot's DEFAULT_QUANTILES
@@ -164,7 +163,7 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1) ->
     """[(episode index, {feature: statistics})] of this process's episodes, its data files read once each."""
     import pyarrow.parquet as pq
 
-    from zerojax.data.lerobot import read_info
+    from zerojax.data.lerobot.source import read_info
 
     info = read_info(root)
     if info.get("codebase_version") != "v3.0":
