@@ -228,7 +228,7 @@ def _data_config(data: dict, image_size: int, slots: int, modes: tuple = V03_MOD
     dataset (`slots`: the model's camera slots, model.action.cameras: those the dataset does not
     fill are LeRobot's empty cameras, all -1 and masked as zerojax trained them; `modes`: the
     `NormalizationMode`s the LeRobot written can normalize with)."""
-    inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
+    inputs, outputs, mapping = {}, {}, {"VISUAL": NormalizationMode.IDENTITY.value}
     for key, feature in data["features"].items():
         if key == ACTION:
             outputs[key] = {"type": "ACTION", "shape": [int(feature["shape"][-1])]}
