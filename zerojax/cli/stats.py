@@ -5,7 +5,7 @@ a multi-process run (process 0 writes): the flags, or the launch the environment
 `zerojax train` (mesh.detect_launch). It imports jax for that alone; the statistics are numpy.
 
 `--relative-actions` takes the action's statistics of relative actions, as openpi computes them
-after its DeltaActions transform (`zerojax.data.stats.Relative`): chunks of --horizon actions (or a
+after its DeltaActions transform (`zerojax.data.lerobot.stats.Relative`): chunks of --horizon actions (or a
 run's data.action_horizon, --run RUN_DIR) minus the frame's state, the joints --exclude names kept
 absolute; written to DIR/meta/stats_relative.json by default, so the absolute ones stay in place."""
 
@@ -42,7 +42,7 @@ def arguments(stats: Parser) -> None:
 
 def relative(args):
     """The --relative-actions flags as a `stats.Relative`, or None; ConfigError if they disagree."""
-    from zerojax.data.stats import Relative
+    from zerojax.data.lerobot.stats import Relative
 
     if not args.relative_actions:
         given = [f for f, v in (("--exclude", args.exclude), ("--horizon", args.horizon), ("--run", args.run)) if v]
