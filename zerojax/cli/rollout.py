@@ -96,9 +96,9 @@ def _policy(args):
 
     if args.policy == "expert":
         return rollout.expert, args.size, 1, "Meta-World's scripted expert"
-    from zerojax.serve import policy as served_lib
+    from zerojax.serve import loaders
 
-    served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
+    served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
                              rtc_jacobian=args.rtc_jacobian)
     size = metaworld.check_features(served.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay

@@ -45,7 +45,7 @@ def run(args) -> int:
     from zerojax import serve
 
     serve.require()  # the extra, before a model is loaded
-    from zerojax.serve import policy, server
+    from zerojax.serve import loaders, server
 
     try:  # the cheap check first: a port in use is said before the model is loaded and compiled
         sock = server.bind(args.host, args.port)
@@ -53,7 +53,7 @@ def run(args) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
                           "choose another --port or --host") from None
     with sock:
-        served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
+        served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
                              args.vision_heads, args.max_batch, args.rtc_jacobian)
         print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
               f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)

@@ -25,7 +25,6 @@ LOSS_SCALES = ("dynamic", "none")  # precision.loss_scale, when not a number
 LR_SCHEDULES = ("cosine", "constant")  # optim.schedule: after warmup
 LORA_BASES = ("all", "targets")  # optim.lora.base: what LoRA freezes (every leaf but the adapters | what the targets adapt)
 DISTRIBUTED = ("auto", "off")  # mesh.distributed
-NORMALIZATIONS = ("identity", "mean_std", "min_max", "quantiles", "quantile10")  # data.norm_state, norm_action: LeRobot's modes
 RESUMES = ("auto", "never")  # train.resume
 EXPORT_FORMATS = ("safetensors", "hf", "peft", "lerobot", "openpi")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`

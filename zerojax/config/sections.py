@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import re
 from pathlib import Path
 from zerojax.config import rules
+from zerojax.config.normalization import CONFIG_NAMES
 from zerojax.config.rules import (ATTENTIONS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
@@ -194,7 +195,7 @@ def _check_lerobot(d: DataConfig) -> None:
     for key in ("action_horizon", "image_size", "prompt_len"):
         _at_least(f"data.{key}", getattr(d, key), 1)
     for key in ("norm_state", "norm_action"):
-        _choice(f"data.{key}", getattr(d, key), rules.NORMALIZATIONS)
+        _choice(f"data.{key}", getattr(d, key), CONFIG_NAMES)
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must be in [0, 1): the share of episodes held out")
 

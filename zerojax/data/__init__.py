@@ -9,6 +9,9 @@
     chat.py      conversation and instruction rows (.jsonl, .parquet): examples through the
                  chat template, the assistant-only loss mask, packing
     template.py  the tokenizer's own chat template, rendered as transformers renders it
+    lerobot/     LeRobot datasets (v3.0, v2.1) as a policy's batch: the source, the tables and
+                 metadata, the camera frames, the statistics as LeRobot computes them (its
+                 own index lists the modules)
 
 The batch for step s is a pure function of (seed, split, s), the same on any mesh and any
 number of processes; each process builds only the rows its devices hold. A batch is a pytree

@@ -1,5 +1,5 @@
 """The tables of a LeRobot v2.1 dataset (as LeRobot 0.3 writes it), in the shape
-`lerobot_meta.Tables` gives v3.0's: meta/episodes.jsonl, meta/tasks.jsonl and
+`meta.Tables` gives v3.0's: meta/episodes.jsonl, meta/tasks.jsonl and
 meta/episodes_stats.jsonl, read as LeRobot 0.3.3's `LeRobotDatasetMetadata.load_metadata` does.
 
 Layout (LeRobot 0.3.3, `lerobot.datasets.utils`): one Parquet file per episode and one MP4 per
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.data import lerobot_meta as meta
+from zerojax.data.lerobot import meta
 from zerojax.errors import ConfigError
 
 AGGREGATED = ("min", "max", "mean", "std", "count")  # what aggregate_feature_stats reads of each episode

@@ -2,7 +2,7 @@
 the columns of the data Parquet files that a batch reads (state, action, timestamps, task
 indices, embedded images) and, from its metadata, each episode's rows and its place in the video
 files, the tasks and the statistics (`Tables`). Codebase v3.0's metadata is read here
-(meta/episodes/*.parquet, meta/tasks.parquet, meta/stats.json), v2.1's in `lerobot_v21`.
+(meta/episodes/*.parquet, meta/tasks.parquet, meta/stats.json), v2.1's in `v21`.
 
 Layout of v3.0 (LeRobot 0.4, `lerobot.datasets.utils`): `info["data_path"]` and `info["video_path"]`
 are templates filled with an episode's `data/chunk_index`, `data/file_index` and
@@ -20,11 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zerojax.data import lerobot_frames as frames
+from zerojax.config.normalization import NormalizationMode
+from zerojax.data.lerobot import frames
 from zerojax.errors import ConfigError
-
-STAT_KEYS = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantiles": ("q01", "q99"),
-             "quantile10": ("q10", "q90"), "identity": ()}
 
 
 @dataclass
@@ -179,7 +177,8 @@ def read_tables(root: Path, info: dict, cameras: list[str]) -> Tables:
 def check_stats(root: Path, tables: Tables, norms: dict) -> dict:
     """The statistics, checked to hold what each normalized feature's mode needs."""
     path, stats = root / tables.names["stats"], tables.stats or {}
-    needed = {key: STAT_KEYS[mode] for key, mode in norms.items() if STAT_KEYS[mode]}
+    needed = {key: NormalizationMode.of_config(mode).stats for key, mode in norms.items()}
+    needed = {key: names for key, names in needed.items() if names}
     for key, names in needed.items():
         have = stats.get(key, {})
         missing = [n for n in names if n not in have]

@@ -47,15 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
+from zerojax.config.normalization import NormalizationMode
 from zerojax.data import corpus as corpus_lib
-from zerojax.data import lerobot_frames as frames
-from zerojax.data import lerobot_meta as meta
-from zerojax.data import lerobot_v21
+from zerojax.data.lerobot import frames, meta, v21
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, Field
 
-VERSIONS = {"v2.1": lerobot_v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
+VERSIONS = {"v2.1": v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
 # NormalizerProcessorStep's default eps, used as LeRobot (0.4 to 0.6.1) uses it: mean_std divides by std + eps;
 # min_max, quantiles (q01/q99) and quantile10 (q10/q90) put eps in place of a denominator that is exactly 0
@@ -150,14 +149,15 @@ def check_normalized_range(dataset, norms: dict) -> None:
     are the episodes' own, averaged: a feature constant within each episode but not across them (a
     goal, a gripper command per task) gets q01 = q99, and eps (1e-8) for a denominator; normalized,
     its frames reach 1e7 and more, and the run trains, finite, on nothing. LeRobot does the same."""
+    quantiles = (NormalizationMode.QUANTILES, NormalizationMode.QUANTILE10)
     for key, mode in norms.items():
-        if mode not in ("quantiles", "quantile10") or key not in dataset.columns:
+        if NormalizationMode.of_config(mode) not in quantiles or key not in dataset.columns:
             continue
         x = dataset.columns[key]
         ends = normalize(np.stack([x.min(0), x.max(0)]).astype(np.float32), dataset.stats[key], mode)
         worst = int(np.argmax(np.abs(ends).max(0)))
         if np.abs(ends[:, worst]).max() > NORMALIZED_LIMIT:
-            lo, hi = meta.STAT_KEYS[mode]
+            lo, hi = NormalizationMode.of_config(mode).stats
             setting = f"data.norm_{'state' if key == STATE else 'action'}"
             raise ConfigError(
                 f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{x[:, worst].min():.4g}, "
@@ -170,10 +170,11 @@ def check_normalized_range(dataset, norms: dict) -> None:
 def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
     """NormalizerProcessorStep's formulas, in float32 as it computes them (mode: data.norm_*; the
     quantile modes map [q01, q99] or [q10, q90] to [-1, 1], unclipped; eps as EPS says)."""
-    if mode == "identity":
+    mode = NormalizationMode.of_config(mode)
+    if mode is NormalizationMode.IDENTITY:
         return x
-    lo, hi = (np.asarray(stats[k], np.float32) for k in meta.STAT_KEYS[mode])
-    if mode == "mean_std":
+    lo, hi = (np.asarray(stats[k], np.float32) for k in mode.stats)
+    if mode is NormalizationMode.MEAN_STD:
         return (x - lo) / (hi + np.float32(EPS))
     denom = hi - lo
     denom = np.where(denom == 0, np.float32(EPS), denom)
@@ -183,14 +184,15 @@ def normalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
 def unnormalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
     """The inverse (UnnormalizerProcessorStep's formulas, float32): a policy's actions back in
     the robot's units."""
-    if mode == "identity":
+    mode = NormalizationMode.of_config(mode)
+    if mode is NormalizationMode.IDENTITY:
         return x
-    lo, hi = (np.asarray(stats[k], np.float32) for k in meta.STAT_KEYS[mode])
-    if mode == "mean_std":
+    lo, hi = (np.asarray(stats[k], np.float32) for k in mode.stats)
+    if mode is NormalizationMode.MEAN_STD:
         return x * hi + lo
     denom = hi - lo
     denom = np.where(denom == 0, np.float32(EPS), denom)
-    if mode == "min_max":
+    if mode is NormalizationMode.MIN_MAX:
         return (x + np.float32(1)) / np.float32(2) * denom + lo
     return (x + np.float32(1)) * denom / np.float32(2) + lo
 
@@ -213,7 +215,7 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
     tokenized. Training (`LeRobotSource.item`) and `zerojax serve` both build it here, so what a
     served policy reads cannot drift from what it was trained on (`pad_before`: the top-left
-    padding of SmolVLA and of LeRobot 0.3.x's π0, `lerobot_frames.resize_with_pad`)."""
+    padding of SmolVLA and of LeRobot 0.3.x's π0, `frames.resize_with_pad`)."""
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
         out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
@@ -251,7 +253,8 @@ class LeRobotSource:
         statistics, to unnormalize its actions with `unnormalize`, the chunk and prompt lengths)."""
         features = {k: self.info["features"][k] for k in (STATE, *self.cameras, ACTION)}
         doc = {"dataset": str(self.dataset.root), "fps": self.dataset.fps, "features": features,
-               "normalization": {k: {"mode": m, **{s: self.dataset.stats[k][s] for s in meta.STAT_KEYS[m]}}
+               "normalization": {k: {"mode": m, **{s: self.dataset.stats[k][s]
+                                                    for s in NormalizationMode.of_config(m).stats}}
                                  for k, m in self.norms.items()},
                "action_horizon": self.horizon, "image_size": self.size, "prompt_len": self.prompt_len}
         return {"lerobot.json": json.dumps(doc, indent=1) + "\n"}

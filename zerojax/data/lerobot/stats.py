@@ -45,8 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.data import lerobot_frames as frames
-from zerojax.data import lerobot_meta as meta
+from zerojax.data.lerobot import frames, meta
 from zerojax.errors import ConfigError
 from zerojax.models.family import ACTION, STATE
 
@@ -257,7 +256,7 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1,
     each; the action's of relative actions where `relative` says so."""
     import pyarrow.parquet as pq
 
-    from zerojax.data.lerobot import read_info
+    from zerojax.data.lerobot.source import read_info
 
     info = read_info(root)
     if info.get("codebase_version") != "v3.0":
