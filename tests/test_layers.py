@@ -338,7 +338,6 @@ def test_every_init_has_one_form():
 INDEX_ELSEWHERE = {
     "zerojax": "its parts are docs/design.md §3's table",
     "zerojax.cli": "one module per subcommand, as `zerojax --help` lists them",
-    "zerojax.models": "issue 43's families-as-packages restructure rewrites it (the lead's branch)",
 }
 
 
