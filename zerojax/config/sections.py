@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import re
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (ATTENTIONS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+from zerojax.config.rules import (ATTENTIONS, AUGMENTS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
@@ -141,6 +141,53 @@ def is_rows(source: str) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OpenpiAugmentConfig:
+    """data.openpi_augment: data.augment=openpi's parameters, openpi's `preprocess_observation`
+    (augmax's transforms; zerojax.data.augment)."""
+
+    crop_scale: float = 0.95  # cameras not named wrist: a random crop of this share of each side, resized back
+    rotate_degrees: float = 5.0  # cameras not named wrist: then a rotation of up to this many degrees either way
+    brightness: float = 0.3  # every camera: augmax.ColorJitter's brightness (an amount in [-x, x])
+    contrast: float = 0.4  # ColorJitter's contrast
+    saturation: float = 0.5  # ColorJitter's saturation (augmax 0.4.1 draws it and discards it, so it changes nothing)
+    hue: float = 0.1  # ColorJitter's hue: augmax's default, which openpi leaves as it is
+    jitter_p: float = 0.5  # the chance that ColorJitter applies at all: augmax's default, which openpi leaves too
+
+    def __post_init__(self):
+        _finite("data.openpi_augment.crop_scale", self.crop_scale, 0, above=True, high=1)
+        _finite("data.openpi_augment.rotate_degrees", self.rotate_degrees, 0, high=180)
+        for key in ("brightness", "contrast", "saturation", "hue"):
+            _finite(f"data.openpi_augment.{key}", getattr(self, key), 0, high=1)
+        _finite("data.openpi_augment.jitter_p", self.jitter_p, 0, high=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeRobotAugmentConfig:
+    """data.lerobot_augment: data.augment=lerobot's parameters, LeRobot 0.6.1's
+    `ImageTransformsConfig` defaults (torchvision's transforms; zerojax.data.augment). Each colour
+    factor is drawn from [1 - x, 1 + x], as torchvision reads one number."""
+
+    brightness: float = 0.2  # ColorJitter(brightness=(0.8, 1.2))
+    contrast: float = 0.2  # ColorJitter(contrast=(0.8, 1.2))
+    saturation: float = 0.5  # ColorJitter(saturation=(0.5, 1.5))
+    hue: float = 0.05  # ColorJitter(hue=(-0.05, 0.05)): a shift of the hue in [-x, x] turns
+    sharpness: float = 0.5  # SharpnessJitter(sharpness=(0.5, 1.5))
+    degrees: float = 5.0  # RandomAffine(degrees=(-5, 5)), nearest-neighbour, zero fill
+    translate: float = 0.05  # RandomAffine(translate=(0.05, 0.05)): a shift of up to this share of each side
+    max_num_transforms: int = 3  # how many of the six (each of weight 1) each image gets, in the order above
+
+    def __post_init__(self):
+        for key in ("brightness", "contrast", "saturation", "sharpness"):
+            _finite(f"data.lerobot_augment.{key}", getattr(self, key), 0, high=1)
+        _finite("data.lerobot_augment.hue", self.hue, 0, high=0.5)
+        _finite("data.lerobot_augment.degrees", self.degrees, 0, high=180)
+        _finite("data.lerobot_augment.translate", self.translate, 0, high=1)
+        if not 1 <= self.max_num_transforms <= 6:
+            raise ConfigError(f"data.lerobot_augment.max_num_transforms={self.max_num_transforms} is not valid; "
+                              "it must be in [1, 6] (LeRobot's six transforms)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "stdlib"  # stdlib (Python's own sources, bytes) | a .txt file | a .bin/.npy token file
     #                         | rows: a .jsonl/.parquet file or a Hugging Face `datasets` directory (save_to_disk):
@@ -161,10 +208,18 @@ class DataConfig:
     norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
     norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
     cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
+    augment: str = "none"  # none | openpi | lerobot: the training images augmented in the train step (zerojax.data.augment)
+    wrist_cameras: tuple[str, ...] = ()  # data.augment=openpi: cameras with no crop or rotation; empty = those named *wrist* (openpi's rule)
+    openpi_augment: OpenpiAugmentConfig = field(default_factory=OpenpiAugmentConfig)  # data.augment=openpi's parameters
+    lerobot_augment: LeRobotAugmentConfig = field(default_factory=LeRobotAugmentConfig)  # data.augment=lerobot's parameters
 
     def __post_init__(self):
+        _choice("data.augment", self.augment, AUGMENTS)
         if is_lerobot(self.source):
             return _check_lerobot(self)
+        if self.augment != "none":
+            raise ConfigError(f"data.augment={self.augment} augments a robot policy's camera images: it needs "
+                              f"data.source=lerobot:DIR (a LeRobot dataset), not {self.source!r}; or data.augment=none")
         suffix, rows = Path(self.source).suffix, is_rows(self.source)
         if (self.source != "stdlib" and suffix not in (".txt", ".bin", ".npy") and not rows
                 and not is_factory(self.source)):
