@@ -27,6 +27,7 @@ LORA_BASES = ("all", "targets")  # optim.lora.base: what LoRA freezes (every lea
 DISTRIBUTED = ("auto", "off")  # mesh.distributed
 NORMALIZATIONS = ("identity", "mean_std", "min_max", "quantiles", "quantile10")  # data.norm_state, norm_action: LeRobot's modes
 RESUMES = ("auto", "never")  # train.resume
+IDLE_ACTIONS = ("position", "velocity")  # data.filter_idle_actions: openpi's DROID action spaces (data.idle)
 AUGMENTS = ("none", "openpi", "lerobot")  # data.augment: image augmentation in the train step (data.augment)
 EXPORT_FORMATS = ("safetensors", "hf", "peft", "lerobot", "openpi")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import re
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (ATTENTIONS, AUGMENTS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+from zerojax.config.rules import (ATTENTIONS, AUGMENTS, IDLE_ACTIONS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.errors import ConfigError
@@ -208,6 +208,8 @@ class DataConfig:
     norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
     norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
     cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
+    filter_idle: float = 0.0  # drop training frames whose chunk's first half moves <= this, in the data's units (openpi's DROID rule: 1e-3); 0 = keep all
+    filter_idle_actions: str = "position"  # data.filter_idle's actions: position (moves from the frame's action) | velocity (|action|)
     augment: str = "none"  # none | openpi | lerobot: the training images augmented in the train step (zerojax.data.augment)
     wrist_cameras: tuple[str, ...] = ()  # data.augment=openpi: cameras with no crop or rotation; empty = those named *wrist* (openpi's rule)
     openpi_augment: OpenpiAugmentConfig = field(default_factory=OpenpiAugmentConfig)  # data.augment=openpi's parameters
@@ -217,6 +219,9 @@ class DataConfig:
         _choice("data.augment", self.augment, AUGMENTS)
         if is_lerobot(self.source):
             return _check_lerobot(self)
+        if self.filter_idle:
+            raise ConfigError(f"data.filter_idle={self.filter_idle} drops a robot dataset's idle frames: it needs "
+                              f"data.source=lerobot:DIR, not {self.source!r}; or data.filter_idle=0")
         if self.augment != "none":
             raise ConfigError(f"data.augment={self.augment} augments a robot policy's camera images: it needs "
                               f"data.source=lerobot:DIR (a LeRobot dataset), not {self.source!r}; or data.augment=none")
@@ -251,6 +256,8 @@ def _check_lerobot(d: DataConfig) -> None:
         _choice(f"data.{key}", getattr(d, key), rules.NORMALIZATIONS)
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must be in [0, 1): the share of episodes held out")
+    _finite("data.filter_idle", d.filter_idle, 0)
+    _choice("data.filter_idle_actions", d.filter_idle_actions, IDLE_ACTIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
