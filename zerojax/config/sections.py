@@ -129,6 +129,14 @@ def is_lerobot(source: str) -> bool:
     return source.startswith("lerobot:")
 
 
+MIXTURE = "mixture"  # data.source=mixture: several LeRobot datasets, data.mixture's (zerojax.data.mixture)
+
+
+def is_robot_data(source: str) -> bool:
+    """data.source reads robot episodes: one LeRobot dataset (lerobot:DIR) or a mixture of them."""
+    return is_lerobot(source) or source == MIXTURE
+
+
 TRAIN_ON = ("assistant", "all")  # data.train_on: the tokens a chat source's loss counts
 TOO_LONG = ("error", "drop")  # data.too_long: what a chat source does with an example over model.seq_len
 ROW_SUFFIXES = (".jsonl", ".parquet")  # sources of rows (zerojax.data.chat; a vision family's: images)
@@ -194,6 +202,7 @@ class DataConfig:
     #                           images and text for a vision-language family (zerojax.data.images), else
     #                           messages, prompt+completion or text (zerojax.data.chat)
     #                         | lerobot:DIR (a LeRobot v3.0 or v2.1 dataset: zerojax.data.lerobot)
+    #                         | mixture (several LeRobot datasets with sampling weights: data.mixture)
     #                         | module:factory (a source of your own: zerojax.data.sources)
     val_fraction: float = 0.1  # tail of the corpus (of a row source: of its rows; LeRobot: episodes) held out for evaluation
     val_source: str = ""  # rows: evaluation rows of their own (as data.source) instead of data.source's tail
@@ -208,6 +217,7 @@ class DataConfig:
     norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
     norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
     cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
+    mixture: tuple[tuple[str, float], ...] = ()  # data.source=mixture: {LeRobot dataset DIR: sampling weight} (YAML: a mapping; DIR:W,DIR:W)
     filter_idle: float = 0.0  # drop training frames whose chunk's first half moves <= this, in the data's units (openpi's DROID rule: 1e-3); 0 = keep all
     filter_idle_actions: str = "position"  # data.filter_idle's actions: position (moves from the frame's action) | velocity (|action|)
     augment: str = "none"  # none | openpi | lerobot: the training images augmented in the train step (zerojax.data.augment)
@@ -217,7 +227,12 @@ class DataConfig:
 
     def __post_init__(self):
         _choice("data.augment", self.augment, AUGMENTS)
-        if is_lerobot(self.source):
+        object.__setattr__(self, "mixture", tuple(self.mixture.items()) if isinstance(self.mixture, dict)
+                           else tuple(map(tuple, self.mixture)))  # a mapping from Python or a saved config: pairs
+        if self.mixture and self.source != MIXTURE:
+            raise ConfigError(f"data.mixture is set but data.source={self.source!r}; set data.source=mixture to "
+                              "train on the mixture's datasets, or leave data.mixture empty")
+        if is_robot_data(self.source):
             return _check_lerobot(self)
         if self.filter_idle:
             raise ConfigError(f"data.filter_idle={self.filter_idle} drops a robot dataset's idle frames: it needs "
@@ -248,7 +263,9 @@ class DataConfig:
 
 
 def _check_lerobot(d: DataConfig) -> None:
-    if not d.source[len("lerobot:"):]:
+    if d.source == MIXTURE:
+        _check_mixture(d.mixture)
+    elif not d.source[len("lerobot:"):]:
         raise ConfigError("data.source=lerobot: names no directory; give data.source=lerobot:DIR (a LeRobot dataset)")
     for key in ("action_horizon", "image_size", "prompt_len"):
         _at_least(f"data.{key}", getattr(d, key), 1)
@@ -258,6 +275,14 @@ def _check_lerobot(d: DataConfig) -> None:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must be in [0, 1): the share of episodes held out")
     _finite("data.filter_idle", d.filter_idle, 0)
     _choice("data.filter_idle_actions", d.filter_idle_actions, IDLE_ACTIONS)
+
+
+def _check_mixture(mixture: tuple) -> None:
+    if not mixture:
+        raise ConfigError("data.source=mixture names no dataset; give data.mixture={DIR: weight, ...} (YAML) or "
+                          "data.mixture=DIR_A:0.7,DIR_B:0.3")
+    for root, weight in mixture:
+        _finite(f"data.mixture[{root!r}]", weight, 0, above=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,10 +85,11 @@ def make(cfg) -> Augment | None:
 
 
 def camera_slots(cfg) -> list[str]:
-    """The cameras of the batch's image slots, in order (the dataset's, as data.cameras chose them)."""
-    from zerojax.data import lerobot  # the reader: imported when a run augments, not by every train step
+    """The cameras of the batch's image slots, in order (the dataset's or the mixture's features,
+    from their info.json)."""
+    from zerojax.data import sources  # the readers: imported when a run augments, not by every train step
 
-    return lerobot.cameras_of(cfg, lerobot.read_info(lerobot.root_of(cfg)))
+    return [k for k in sources.features_spec(cfg) if k.startswith(CAMERA)]
 
 
 def wrist_slots(named: tuple[str, ...], cameras: list[str]) -> tuple[bool, ...]:
