@@ -111,3 +111,18 @@ def test_evaluation_is_never_augmented(tmp_path):
     assert [line["eval_loss"] for line in augmented if "eval_loss" in line] == \
         [line["eval_loss"] for line in plain if "eval_loss" in line] != []
     assert abs(augmented[0]["loss"] - plain[0]["loss"]) > 1e-4
+
+
+def test_the_cost_benchmarks_configs_load():
+    """scripts/bench/augment_step.py's three steps (BENCHMARKS.md, "Image augmentation's cost")."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import augment_step
+
+    for kind in augment_step.KINDS:
+        cfg = config.load(overrides=augment_step.overrides(kind, 8, 224, str(ROOT / "tests" / "fixtures" / "lerobot" / "tiny")))
+        made = augment.make(cfg)
+        assert (made is None) == (kind == "none")
+        if made is not None:
+            assert made.wrist == (False, True) and made.params == getattr(cfg.data, f"{kind}_augment")

@@ -123,3 +123,10 @@ def test_a_lerobot_export_of_a_mixtures_run_is_refused(tmp_path):
 def mixture_cfg_keys(robot_b):
     return [*POLICY_KEYS, "model.family=pi0", "data.source=mixture", "data.val_fraction=0.34",
             f"data.mixture={LEROBOT_TINY}:0.7,{robot_b}:0.3"]
+
+
+def test_a_mixtures_cameras_are_augmented_by_their_slots(robot_b):
+    from zerojax.data import augment
+
+    made = augment.make(mixture_cfg(robot_b, (0.5, 0.5), "data.augment=openpi"))
+    assert made.wrist == (False, True)  # front, wrist: the mixture's slots
