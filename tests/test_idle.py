@@ -4,7 +4,6 @@ split loses exactly those frames, evaluation none, and `zerojax train` counts th
 import numpy as np
 import pytest
 
-from test_cli import zerojax
 from test_family import LEROBOT_TINY, POLICY_KEYS
 from zerojax import config
 from zerojax.data import idle
@@ -84,18 +83,17 @@ def test_bad_filter_idle_settings():
 
 
 @pytest.mark.slow
-def test_zerojax_train_counts_the_dropped_frames_on_its_start_line(tmp_path):
-    common = [*POLICY_KEYS, "model.family=pi0", "data.action_horizon=4", "model.action.horizon=4",
-              "train.steps=1", "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0",
-              "train.report=false", "data.val_fraction=0", "train.global_batch=8"]
-    refused = zerojax("train", "--no-progress", *common, "data.filter_idle=100", f"train.out_dir={tmp_path / 'r'}",
-                      cwd=tmp_path)
-    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
-    assert refused.stderr.startswith("zerojax: error: data.filter_idle=100.0 drops every one of the 19")
+def test_zerojax_train_counts_the_dropped_frames_on_its_start_line(tmp_path, capsys):
+    from zerojax import cli
+
+    common = ["train", "--no-progress", *POLICY_KEYS, "model.family=pi0", "data.action_horizon=4",
+              "model.action.horizon=4", "train.steps=1", "train.eval_every=0", "train.sample_tokens=0",
+              "train.ckpt_every=0", "train.report=false", "data.val_fraction=0", "train.global_batch=8"]
+    assert cli.main([*common, "data.filter_idle=100", f"train.out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerojax: error: data.filter_idle=100.0 drops every one of the 19") and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
-    proc = zerojax("train", "--no-progress", *common, "data.filter_idle=0.5", f"train.out_dir={tmp_path / 'run'}",
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    start = proc.stdout.splitlines()[0]
+    assert cli.main([*common, "data.filter_idle=0.5", f"train.out_dir={tmp_path / 'run'}"]) == 0
+    start = capsys.readouterr().out.splitlines()[0]
     assert start.startswith("zerojax: training") and "data.filter_idle=0.5 dropped " in start
     assert start.endswith(" of 19 training frames (" + start.split("(")[-1]), start
