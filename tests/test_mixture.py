@@ -73,6 +73,22 @@ def test_each_row_is_its_datasets_own_item_padded(robot_b):
         assert frame in (a, b)[m].split_frames[1] and frame not in (a, b)[m].split_frames[0]
 
 
+def test_filter_idle_drops_each_datasets_own_frames_and_counts_them_all(robot_b):
+    from zerojax.data import idle
+
+    cfg = mixture_cfg(robot_b, (0.5, 0.5), "data.action_horizon=4", "model.action.horizon=4", "data.filter_idle=0.5")
+    source = data.open_source(cfg)
+    members = source.source.sources
+    for member in members:
+        ds = member.dataset
+        keep = idle.moving(ds.columns["action"], ds.episode, 4, 0.5, "position")
+        unfiltered = ds.split_frames(0.34)[0]
+        np.testing.assert_array_equal(member.split_frames[0], unfiltered[keep[np.searchsorted(ds.index, unfiltered)]])
+    dropped = sum(m.idle.dropped for m in members)
+    assert dropped > 0
+    assert f"dropped {dropped} of {sum(m.idle.frames for m in members)} training frames" in idle.start_note(source)
+
+
 def test_a_policys_batch_masks_the_cameras_a_row_lacks(robot_b):
     cfg = mixture_cfg(robot_b, (0.5, 0.5), "train.global_batch=8")
     batch = data.open_source(cfg).rows(data.TRAIN, 3, slice(0, 8))

@@ -34,8 +34,9 @@ nowhere by LeRobot: LeRobot transforms a frame at its own size, before the polic
 padding; here the batch's images are already padded to S x S, so the pad band (0 in [0, 1]) takes
 part: contrast moves it toward the image's mean, the affine moves it with the image.
 
-tests/test_augment.py checks both against their references at fixed parameters
-(scripts/fixtures/make_augment_fixtures.py: augmax in openpi's pinned jax, torchvision's ops).
+tests/test_augment.py checks both against their references at fixed parameters, written in their
+own venvs: scripts/fixtures/make_openpi_augment_fixture.py (augmax in openpi's pinned jax 0.5.3)
+and make_lerobot_augment_fixture.py (torchvision 0.29.1's ops).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ import os
 import numpy as np
 
 from zerojax.config.sections import MIXTURE
+from zerojax.data import idle as idle_lib
 from zerojax.data import lerobot
 from zerojax.errors import ConfigError
 from zerojax.models.family import ACTION, CAMERA, STATE, Field
@@ -120,6 +121,12 @@ class MixtureSource:
     @property
     def vocab_size(self) -> int:
         return self.sources[0].vocab_size
+
+    @property
+    def idle(self) -> idle_lib.Idle:
+        """data.filter_idle over all the datasets (the start line's count)."""
+        each = [s.idle for s in self.sources]
+        return idle_lib.Idle(each[0].threshold, sum(i.dropped for i in each), sum(i.frames for i in each))
 
     def spec(self) -> dict:
         return self._spec
