@@ -128,7 +128,8 @@ def test_the_cost_benchmarks_configs_load():
     import augment_step
 
     for kind in augment_step.KINDS:
-        cfg = config.load(overrides=augment_step.overrides(kind, 8, 224, str(ROOT / "tests" / "fixtures" / "lerobot" / "tiny")))
+        tiny = str(ROOT / "tests" / "fixtures" / "lerobot" / "tiny")
+        cfg = config.load(overrides=augment_step.overrides(kind, 8, 224, tiny))
         made = augment.make(cfg)
         assert (made is None) == (kind == "none")
         if made is not None:

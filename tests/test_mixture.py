@@ -2,6 +2,8 @@
 widths in one run, each normalized with its own statistics, drawn at their weights, the same
 batch on any mesh; a mixture trains at stage 3 on 8 devices as on one."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,11 @@ def test_each_row_is_its_datasets_own_item_padded(robot_b):
     # each dataset's own statistics: robot_b's state is far from the tiny one's, yet both normalize near 0
     assert abs(b.dataset.stats["observation.state"]["mean"][0] - a.dataset.stats["observation.state"]["mean"][0]) > 30
     assert np.abs(rows["observation.state"][:, :3]).max() < 3
+    doc = json.loads(source.run_files()["mixture.json"])  # the run's record of each dataset's statistics
+    assert [(d["dataset"], d["weight"]) for d in doc["datasets"]] == [(str(LEROBOT_TINY), 0.5), (str(robot_b), 0.5)]
+    for d, own in zip(doc["datasets"], (a, b)):
+        assert d["lerobot.json"]["normalization"]["observation.state"]["mean"] == \
+            list(own.dataset.stats["observation.state"]["mean"])
     halves = [source.rows(data.TRAIN, 3, slice(i, i + 4)) for i in (0, 4)]
     for key in rows:
         np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), rows[key])

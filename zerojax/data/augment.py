@@ -176,7 +176,8 @@ def _rgb_to_hsv(x_3HW):
     rc, gc, bc = (maxc - r) / divisor, (maxc - g) / divisor, (maxc - b) / divisor
     max_is_r, max_is_g = maxc == r, (maxc == g) & (maxc != r)
     max_is_b = ~max_is_r & ~max_is_g
-    h = jnp.where(max_is_r, bc - gc, 0.0) + jnp.where(max_is_g, 2.0 + rc - bc, 0.0) + jnp.where(max_is_b, 4.0 + gc - rc, 0.0)
+    h = (jnp.where(max_is_r, bc - gc, 0.0) + jnp.where(max_is_g, 2.0 + rc - bc, 0.0)
+         + jnp.where(max_is_b, 4.0 + gc - rc, 0.0))
     return jnp.mod(h / 6.0 + 1.0, 1.0), s, maxc
 
 

@@ -61,7 +61,8 @@ def member_cfg(cfg, root: str, cameras: tuple[str, ...] = ()):
 
 def members(cfg) -> list[tuple[str, float, dict]]:
     """(root, weight, info.json) of each dataset of data.mixture, checked readable."""
-    return [(root, weight, lerobot.read_info(lerobot.root_of(member_cfg(cfg, root)))) for root, weight in cfg.data.mixture]
+    return [(root, weight, lerobot.read_info(lerobot.root_of(member_cfg(cfg, root))))
+            for root, weight in cfg.data.mixture]
 
 
 def camera_slots(cfg, infos: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
@@ -95,7 +96,8 @@ def spec(cfg) -> dict:
 
 def meta_width(info: dict, key: str) -> int:
     if key not in info.get("features", {}):
-        raise ConfigError(f"a dataset of data.mixture has no feature {key!r}; its features: {', '.join(info['features'])}")
+        raise ConfigError(f"a dataset of data.mixture has no feature {key!r}; its features: "
+                          f"{', '.join(info['features'])}")
     return int(np.prod(info["features"][key]["shape"]))
 
 
@@ -112,7 +114,8 @@ class MixtureSource:
     of a step's global batch is, `rows` builds this process's rows of it."""
 
     def __init__(self, roots: list[str], weights: np.ndarray, sources: list, slots: list[str], spec: dict, seed: int):
-        self.roots, self.weights, self.sources, self.slots, self._spec = roots, weights / weights.sum(), sources, slots, spec
+        self.roots, self.weights, self.sources = roots, weights / weights.sum(), sources
+        self.slots, self._spec = slots, spec
         self.seed, self.batch = seed, spec[ACTION].shape[0]
         self.size = spec[slots[0]].shape[-1] if slots else 0
         self.present = np.array([[c in s.cameras for c in slots] for s in sources], bool)  # [datasets, slots]
@@ -133,8 +136,9 @@ class MixtureSource:
 
     def run_files(self) -> dict:
         """mixture.json: each dataset's weight and lerobot.json (its features and statistics)."""
-        doc = {"datasets": [{"dataset": root, "weight": float(w), "lerobot.json": json.loads(s.run_files()["lerobot.json"])}
-                            for root, w, s in zip(self.roots, self.weights, self.sources)], "camera_slots": self.slots}
+        datasets = [{"dataset": root, "weight": float(w), "lerobot.json": json.loads(s.run_files()["lerobot.json"])}
+                    for root, w, s in zip(self.roots, self.weights, self.sources)]
+        doc = {"datasets": datasets, "camera_slots": self.slots}
         return {"mixture.json": json.dumps(doc, indent=1) + "\n"}
 
     def draw(self, split: int, step: int) -> tuple[np.ndarray, np.ndarray]:
