@@ -134,3 +134,20 @@ def test_the_cost_benchmarks_configs_load():
         assert (made is None) == (kind == "none")
         if made is not None:
             assert made.wrist == (False, True) and made.params == getattr(cfg.data, f"{kind}_augment")
+
+
+@pytest.mark.slow
+def test_each_device_augments_its_own_rows_no_collective_added():
+    """Stage 3 on 8 devices: the augmented step's HLO holds the same collectives, of the same
+    bytes, as the plain step's (no image crosses devices; `zerojax analyze` stays exact). LeRobot's
+    ops only, to keep the suite short: openpi's (augmax's per-row resampling) added none either
+    when this was written (2026-12-06)."""
+    from zerojax.analysis import hlo, measure
+
+    counted = {}
+    for kind in ("none", "lerobot"):
+        cfg = config.load(overrides=[*RUN, f"data.augment={kind}"])
+        _, compiled = measure.compile_step(cfg, measured_only=True)
+        counted[kind] = hlo.collective_bytes(compiled.as_text(), 8)
+    assert counted["none"]["counts"]["all-gather"] > 0
+    assert counted["lerobot"] == counted["none"]
