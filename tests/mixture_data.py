@@ -1,7 +1,7 @@
 """A second tiny LeRobot dataset for mixtures (tests/test_mixture.py): tests/fixtures/lerobot/tiny
-copied and changed into another robot's, with one camera (its wrist, no front), a state of 5 and
-an action of 4 dimensions (the tiny one's, scaled and shifted, two more appended) and its own
-statistics (meta/stats.json recomputed from its frames)."""
+copied and changed into another robot's, at 20 fps, with one camera (its wrist, no front), a state
+of 5 and an action of 4 dimensions (the tiny one's, scaled and shifted, two more appended) and its
+own statistics (meta/stats.json recomputed from its frames)."""
 
 import json
 import shutil
@@ -26,6 +26,7 @@ def other_robot(out: Path) -> Path:
     shutil.copytree(TINY, out)
     info = json.loads((out / "meta" / "info.json").read_text())
     del info["features"]["observation.images.front"]
+    info["fps"] = 20  # another robot's rate: its chunks are its own next frames
     info["features"]["observation.state"]["shape"], info["features"]["observation.state"]["names"] = [5], list("abcde")
     info["features"]["action"]["shape"], info["features"]["action"]["names"] = [4], list("wxyz")
     (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))
@@ -39,6 +40,9 @@ def other_robot(out: Path) -> Path:
     for name, x in (("observation.state", state), ("action", action)):
         column = pa.array(x.tolist(), type=pa.list_(pa.float32(), x.shape[1]))
         table = table.set_column(table.schema.get_field_index(name), name, column)
+    frame = np.asarray(table.column("frame_index").to_pylist())
+    table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
+                             pa.array((frame / 20).astype(np.float32)))  # 20 fps
     pq.write_table(table.replace_schema_metadata(None), path)
     stats = json.loads((out / "meta" / "stats.json").read_text())
     del stats["observation.images.front"]

@@ -69,6 +69,7 @@ def test_each_row_is_its_datasets_own_item_padded(robot_b):
     assert np.abs(rows["observation.state"][:, :3]).max() < 3
     doc = json.loads(source.run_files()["mixture.json"])  # the run's record of each dataset's statistics
     assert [(d["dataset"], d["weight"]) for d in doc["datasets"]] == [(str(LEROBOT_TINY), 0.5), (str(robot_b), 0.5)]
+    assert [d["lerobot.json"]["fps"] for d in doc["datasets"]] == [10, 20]
     for d, own in zip(doc["datasets"], (a, b)):
         assert d["lerobot.json"]["normalization"]["observation.state"]["mean"] == \
             list(own.dataset.stats["observation.state"]["mean"])
