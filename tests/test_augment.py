@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run
-from test_family import POLICY_KEYS
+from test_family import LEROBOT_TINY, POLICY_KEYS
 from zerojax import config
 from zerojax.config.sections import LeRobotAugmentConfig, OpenpiAugmentConfig
 from zerojax.data import augment
@@ -77,6 +77,15 @@ def test_wrist_cameras_by_name_and_bad_names():
     assert augment.wrist_slots(("side", "observation.images.front"), cameras) == (True, False, True)
     with pytest.raises(ConfigError, match="data.wrist_cameras names observation.images.hand.*front, "):
         augment.wrist_slots(("hand",), cameras)
+
+
+def test_augment_needs_a_policys_batch():
+    cfg = config.load(overrides=["model.family=twostack_model:build", f"data.source=lerobot:{LEROBOT_TINY}",
+                                 "train.global_batch=4", "data.image_size=8", "data.action_horizon=2",
+                                 "data.prompt_len=16", "data.augment=lerobot"])
+    with pytest.raises(ConfigError, match="data.augment=lerobot augments a policy's batch .* "
+                                          "model.family=twostack_model:build's batch has none"):
+        augment.make(cfg)
 
 
 def test_augment_needs_a_lerobot_dataset_and_a_known_kind():

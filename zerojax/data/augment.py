@@ -80,9 +80,22 @@ def make(cfg) -> Augment | None:
     d = cfg.data
     if d.augment == "none":
         return None
+    check_batch(cfg)
     cameras = camera_slots(cfg)
     params = d.openpi_augment if d.augment == "openpi" else d.lerobot_augment
     return Augment(d.augment, cfg.train.seed, wrist_slots(d.wrist_cameras, cameras), params)
+
+
+def check_batch(cfg) -> None:
+    """The batch holds a policy's `images` and `image_masks` (ConfigError naming the family if not:
+    a model of the user's that reads the dataset's own features gets nothing augmented)."""
+    from zerojax.data import sources
+
+    spec = sources.batch_spec(cfg)
+    if not isinstance(spec, dict) or not {"images", "image_masks"} <= set(spec):
+        raise ConfigError(f"data.augment={cfg.data.augment} augments a policy's batch (its `images` and "
+                          f"`image_masks`); model.family={cfg.model.family}'s batch has none; use a built-in "
+                          "policy family, or data.augment=none")
 
 
 def camera_slots(cfg) -> list[str]:
