@@ -113,7 +113,8 @@ def test_bad_mixtures(robot_b, tmp_path):
         config.load(overrides=["data.source=mixture"])
     with pytest.raises(ConfigError, match=r"data.mixture\['.*robot_b'\]=-0.5 is not valid"):
         config.load(overrides=["data.source=mixture", f"data.mixture={LEROBOT_TINY}:1,{robot_b}:-0.5"])
-    with pytest.raises(ConfigError, match=f"data.source=lerobot:{tmp_path / 'nothing'}: no such directory"):
+    with pytest.raises(ConfigError, match=f"data.mixture's dataset {tmp_path / 'nothing'}: data.source=lerobot:"
+                                          f"{tmp_path / 'nothing'}: no such directory"):
         mixture_lib.open(mixture_cfg(tmp_path / "nothing"))
     with pytest.raises(ConfigError, match="data.cameras names observation.images.side, which no dataset of "
                                           "data.mixture has; their cameras: observation.images.front, "
@@ -154,3 +155,16 @@ def test_a_mixtures_cameras_are_augmented_by_their_slots(robot_b):
 
     made = augment.make(mixture_cfg(robot_b, (0.5, 0.5), "data.augment=openpi"))
     assert made.wrist == (False, True)  # front, wrist: the mixture's slots
+
+
+def test_zerojax_train_refuses_a_missing_dataset_in_one_line_writing_nothing(robot_b, tmp_path, capsys):
+    from zerojax import cli
+
+    code = cli.main(["train", "--no-progress", *POLICY_KEYS, "model.family=pi0", "data.source=mixture",
+                     f"data.mixture={robot_b}:0.5,{tmp_path / 'gone'}:0.5", "train.global_batch=8",
+                     f"train.out_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"zerojax: error: data.mixture's dataset {tmp_path / 'gone'}: data.source=lerobot:"
+                          f"{tmp_path / 'gone'}: no such directory")
+    assert not (tmp_path / "run").exists()

@@ -61,8 +61,13 @@ def member_cfg(cfg, root: str, cameras: tuple[str, ...] = ()):
 
 def members(cfg) -> list[tuple[str, float, dict]]:
     """(root, weight, info.json) of each dataset of data.mixture, checked readable."""
-    return [(root, weight, lerobot.read_info(lerobot.root_of(member_cfg(cfg, root))))
-            for root, weight in cfg.data.mixture]
+    out = []
+    for root, weight in cfg.data.mixture:
+        try:
+            out.append((root, weight, lerobot.read_info(lerobot.root_of(member_cfg(cfg, root)))))
+        except ConfigError as err:  # the reader names data.source=lerobot:ROOT; say which key gave it
+            raise ConfigError(f"data.mixture's dataset {root}: {err}") from None
+    return out
 
 
 def camera_slots(cfg, infos: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
