@@ -31,6 +31,7 @@ def jax_process_index() -> int:
 
 def run(args) -> int:
     from zerojax import train
+    from zerojax.data import idle
     from zerojax.parallel import mesh
 
     xla_preset(args)
@@ -41,7 +42,7 @@ def run(args) -> int:
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
           f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, "
-          f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}")
+          f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}{idle.start_note(setup.source)}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)

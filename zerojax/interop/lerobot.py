@@ -214,6 +214,9 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
         for key, value in load_file(init / STATS_FILE).items():
             feature, stat = key.rsplit(".", 1)
             stats.setdefault(feature, {})[stat] = value
+    if (run_dir / "mixture.json").is_file():  # data.source=mixture: no one dataset's statistics to write
+        raise ConfigError(f"{run_dir} trained on a mixture of datasets (mixture.json lists each one's statistics); "
+                          "exporting it with per-dataset normalization is not supported yet")
     data = {}
     if (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")

@@ -49,6 +49,7 @@ import numpy as np
 
 from zerojax.config.normalization import NormalizationMode
 from zerojax.data import corpus as corpus_lib
+from zerojax.data import idle
 from zerojax.data.lerobot import frames, meta, v21
 from zerojax.errors import ConfigError
 from zerojax.models import registry
@@ -137,8 +138,11 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
     check_normalized_range(dataset, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    return LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info,
-                         pad_before=registry.pads_before(cfg.model.family))
+    source = LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info,
+                           pad_before=registry.pads_before(cfg.model.family))
+    source.split_frames, source.idle = idle.drop_idle(dataset, source.split_frames, d.action_horizon, d.filter_idle,
+                                                      d.filter_idle_actions)  # data.filter_idle (data/idle.py)
+    return source
 
 
 NORMALIZED_LIMIT = 1e3  # a quantile-normalized value this far outside [-1, 1] is a collapsed range, not an outlier
