@@ -3,6 +3,7 @@ fit N devices of a kind, chosen from compiled steps; exit 2 where nothing fits."
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 
@@ -46,5 +47,14 @@ def run(args) -> int:
     start = time.perf_counter()
     doc = plan.search(cfg, target, log=lambda message: print(f"zerojax: {message}", file=sys.stderr))
     doc["search_s"] = round(time.perf_counter() - start, 1)
+    if doc["winner"]:
+        doc["train_command"] = train_command(args, doc["winner"]["overrides"])
     report.emit(doc, args.json, report.plan_tables)
     return 0 if doc["winner"] else 2
+
+
+def train_command(args, chosen: list[str]) -> str:
+    """The `zerojax train` line that runs the winner, as the user can paste it: their config file
+    and overrides (which the search kept fixed), then the chosen keys."""
+    config_file = ["--config", args.config] if args.config else []
+    return shlex.join(["zerojax", "train", *config_file, *args.overrides, *chosen])
