@@ -4,6 +4,7 @@
     wire.py    msgpack with numpy arrays, as openpi_client.msgpack_numpy encodes them
     policy.py  an observation in, an action chunk out, through training's own row functions
     server.py  the websocket server (the `websockets` library's asyncio server)
+    client.py  `zerojax client`: one observation sent as openpi's client sends it, the chunk timed
 
 Serving needs the `serve` extra (websockets, msgpack): `require` checks it, so that nothing
 here is imported by `import zerojax`.
