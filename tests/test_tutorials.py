@@ -68,7 +68,9 @@ JOURNEYS = {"pi05-lerobot.md": (POLICY_STEPS, ["runs/pi05-mine/checkpoints", "pi
             "lora-llama.md": (["train", "export", "export", "generate"],
                               ["my_adapter/adapter_model.safetensors", "my_llama/config.json"], None),
             "zero-from-scratch.md": (["memory", "train", "analyze", "report"],
-                                     ["runs/stage3/checkpoints/10", "report.html"], None)}
+                                     ["runs/stage3/checkpoints/10", "report.html"], None),
+            "chat-sft.md": (["train", "generate", "export"], ["runs/sft-mine/checkpoints",
+                                                              "my_chat_model/config.json"], None)}
 
 
 @pytest.mark.parametrize("name", JOURNEYS)
