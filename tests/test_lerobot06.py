@@ -166,3 +166,22 @@ def test_an_export_without_its_starting_checkpoint_still_has_every_tensor_lerobo
     assert set(out) == set(fixture)
     expert_head = "model.paligemma_with_expert.gemma_expert.lm_head.weight"
     assert out[expert_head].shape == fixture[expert_head].shape and not out[expert_head].any()
+
+
+@pytest.mark.parametrize("name", ["pi0", "pi05"])
+def test_the_vision_head_hint_divides_the_width_and_says_no_file_records_the_count(name, tmp_path, capsys):
+    """LeRobot's π0/π0.5 config.json has no field for the SigLIP head count and HF's q_proj [E, E]
+    hides it: the fixture's tower is 24 wide with 2 heads, So400m's 16 does not divide 24. The
+    hint names a divisor of the width and says the count is the one the tower was trained with."""
+    from zerojax import cli
+
+    code = cli.main(["train", f"model.init_from={FIXTURE / name}", f"data.source=lerobot:{FIXTURE / 'dataset'}",
+                     f"train.out_dir={tmp_path / 'run'}", "train.steps=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("zerojax: error: ") and err.count("\n") == 1, err
+    assert "the vision tower's head count cannot be read from the checkpoint's files (LeRobot's config.json does " \
+           "not record it" in err and "16, the family's usual tower's, does not divide its width " \
+           "model.vision.d_model=24" in err and "one of 1, 2, 3, 4, 6, 8, 12, 24" in err, err
+    hint = int(err.split("try model.vision.n_heads=")[1].split()[0])
+    assert 24 % hint == 0 and "(divides 24)" in err
+    assert not (tmp_path / "run").exists()

@@ -7,7 +7,8 @@ of distinct values, lands each element where openpi's einsums use it; bad direct
 with one line before anything compiles."""
 
 import json
-
+import logging
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -269,8 +270,6 @@ def hand_written(tmp_path_factory):
 def bad_copy(hand_written, tmp_path, drop: str = "", add_lora: bool = False):
     """A copy of the hand-written π0 checkpoint without `drop` (params or assets), or with an
     openpi LoRA leaf beside the weights."""
-    import shutil
-
     out = tmp_path / "bad"
     if add_lora:
         flat = write_tree(out, "pi0")
@@ -286,8 +285,21 @@ def bad_copy(hand_written, tmp_path, drop: str = "", add_lora: bool = False):
             ckptr.save((out / "params").resolve(), {"params": nested})
         return out
     shutil.copytree(hand_written, out)
-    shutil.rmtree(out / drop)
+    if drop:
+        shutil.rmtree(out / drop)
     return out
+
+
+def cut_in_half(path) -> None:
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+DAMAGE = {  # what a copy that stopped part way, or a disk, leaves of a params/ (orbax 0.12.8's files)
+    "empty params": lambda params: [shutil.rmtree(params), params.mkdir()],
+    "params cut short": lambda params: (params / "manifest.ocdbt").unlink(),
+    "metadata cut short": lambda params: cut_in_half(params / "_METADATA"),
+    "metadata unreadable": lambda params: (params / "_METADATA").write_bytes(b"\xff\xfe\x00garbage"),
+}
 
 
 @pytest.mark.parametrize("case, extra, message", [
@@ -296,10 +308,18 @@ def bad_copy(hand_written, tmp_path, drop: str = "", add_lora: bool = False):
     ("family", ["model.family=pi05"], "model.family=pi05, but model.init_from="),
     ("size", ["model.d_model=64"], "model.d_model=64 contradicts {dir}/params, which says 12"),
     ("lora", [], "holds 1 leaves the pi0 model has no place for (e.g. 'PaliGemma/llm/layers/attn/q_einsum/lora_a'"),
+    ("empty params", [], "params is empty; an openpi checkpoint's params/ holds orbax's _METADATA"),
+    ("params cut short", [], "params has no manifest.ocdbt, the index of the arrays its _METADATA says are in one"),
+    ("metadata cut short", [], "params/_METADATA is not orbax's tree metadata (a JSON object with \"tree_metadata\"; "
+                               "JSONDecodeError: Unterminated string"),
+    ("metadata unreadable", [], "params/_METADATA is not orbax's tree metadata"),
 ])
-def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, hand_written, tmp_path, capsys):
+def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, hand_written, tmp_path, capsys, caplog):
+    """One line on stderr, and no log record at WARNING either: the CLI prints each as a
+    `zerojax: warning:` line (pytest's log capture holds them here instead)."""
     directory = bad_copy(hand_written, tmp_path, case if case in ("params", "assets") else "", case == "lora") \
         if case not in ("family", "size") else hand_written
+    DAMAGE.get(case, lambda params: None)(directory / "params")
     code = cli.main(["train", f"model.init_from={directory}", *extra, "model.action.horizon=2",
                      "model.action.prompt_len=64", "model.action.action_dim=2", "model.action.cameras=2",
                      "data.image_size=8", "data.action_horizon=2", "data.prompt_len=64", f"data.source=lerobot:{DATASET}",
@@ -308,6 +328,7 @@ def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, han
     message = message.format(dir=directory)
     assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error:") and message in err[0], err
     assert not (tmp_path / "run").exists()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     if case == "family":
         assert "is an openpi pi0 tree (it has state_proj, action_time_mlp_in); set model.family=pi0" in err[0]
 

@@ -135,7 +135,47 @@ BAD = {
         lambda root: __import__("pyarrow.parquet").parquet.write_table(
             __import__("pyarrow.parquet").parquet.read_table(root / "data/chunk-000/file-000.parquet").slice(0, 17),
             root / "data/chunk-000/file-000.parquet"), [], "episode 2 spans dataset indices [15, 19)"),
+    "--out a directory": (lambda root: (root / "out").mkdir(), ["--out", "{root}/out"],
+                          "is a directory; give a file path, such as"),
+    "a NaN in the action": (lambda root: set_value(root, "action", 8, 1, np.nan), [],
+                            "action holds nan in episode 1, frame 2 (dimension 1; 1 non-finite values in the episode)"),
+    "an infinity in the state": (lambda root: set_value(root, "observation.state", 16, 2, -np.inf), [],
+                                 "observation.state holds -inf in episode 2, frame 1 (dimension 2;"),
+    "--exclude naming no joint": (lambda root: None, ["--relative-actions", "--horizon", "3", "--exclude", "gripper"],
+                                  "--exclude gripper names none of the action's joints (dx, dy)"),
+    "relative actions without a horizon": (lambda root: None, ["--relative-actions"],
+                                           "--relative-actions needs the chunk's length: --horizon H, or --run"),
+    "--exclude without --relative-actions": (lambda root: None, ["--exclude", "dy"],
+                                             "--exclude: only with --relative-actions"),
+    "--run without a config": (lambda root: None, ["--relative-actions", "--run", "{root}"],
+                               "is not a zerojax run directory (no config.yaml)"),
+    "two horizons": (lambda root: write_run_config(root, 4), ["--relative-actions", "--horizon", "3", "--run", "{root}"],
+                     "the chunk's length: --horizon says 3 but --run {root} says 4; give one"),
+    "actions without names": (lambda root: edit_json(root / "meta" / "info.json", lambda d: {
+        **d, "features": {**d["features"], "action": {**d["features"]["action"], "names": None}}}),
+        ["--relative-actions", "--horizon", "2", "--exclude", "dy"], "names no action joints"),
 }
+
+
+def write_run_config(directory: Path, horizon: int) -> None:
+    """DIR/config.yaml as a run writes it (config.dump), with data.action_horizon = `horizon`."""
+    from zerojax import config
+
+    config.dump(config.load(overrides=[f"data.action_horizon={horizon}"]), directory / "config.yaml")
+
+
+def set_value(root: Path, feature: str, row: int, dim: int, value: float) -> None:
+    """The dataset's data file with `feature`'s `dim` at dataset row `row` set to `value`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    column = table.column(feature).combine_chunks()
+    x = np.asarray(column.flatten()).reshape(len(column), -1).copy()
+    x[row, dim] = value
+    cells = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), column.type.value_type), x.shape[1])
+    pq.write_table(table.set_column(table.schema.get_field_index(feature), feature, cells), path)
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -143,10 +183,12 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(case, tmp_path, c
     root = without_stats(tmp_path)
     damage, extra, message = BAD[case]
     damage(root)
-    assert cli.main(["stats", str(root), *extra]) == 2
+    assert cli.main(["stats", str(root), *[a.format(root=root) for a in extra]]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("zerojax: error: ") and err.count("\n") == 1 and message in err, err
+    assert err.startswith("zerojax: error: ") and err.count("\n") == 1 and message.format(root=root) in err, err
     assert case == "stats.json there" or not (root / "meta" / "stats.json").exists()
+    assert not (root / "meta" / "stats_relative.json").exists()
+    assert [p.name for p in root.rglob("*.tmp")] == [] and (not (root / "out").is_dir() or not any((root / "out").iterdir()))
 
 
 @pytest.mark.parametrize("frames, sampled", [(19, 19), (500, 105), (1000, 177), (2000, 299), (5000, 594),
@@ -173,3 +215,76 @@ def test_a_run_normalizes_with_the_written_quantiles_as_lerobot_does(tmp_path):
     items = [src.item(int(i)) for i in ref["indices"]]
     for key in ("observation.state", "action"):
         np.testing.assert_array_equal(np.stack([it[key] for it in items]), ref[f"quantiles/{key}"], err_msg=key)
+
+
+def frames_of(root: Path) -> dict:
+    """{episode: (actions [N, 2], states [N, 3])} of the dataset, read with pyarrow alone, in frame order."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(root / "data/chunk-000/file-000.parquet").to_pydict()
+    out = {}
+    for episode in sorted(set(table["episode_index"])):
+        rows = sorted((i for i, e in enumerate(table["episode_index"]) if e == episode), key=lambda i: table["index"][i])
+        out[episode] = (np.array([table["action"][i] for i in rows], np.float32),
+                        np.array([table["observation.state"][i] for i in rows], np.float32))
+    return out
+
+
+def openpi_chunks(action: np.ndarray, state: np.ndarray, horizon: int, relative: list[bool]) -> np.ndarray:
+    """openpi's actions after DeltaActions, element by element: frame t's chunk holds the actions of
+    frames t..t+H-1, the episode's last one repeated past its end (LeRobot's delta_timestamps), and
+    `actions[..., :D] -= where(mask, state[..., :D], 0)`."""
+    rows = []
+    for t in range(len(action)):
+        for k in range(horizon):
+            a = action[min(t + k, len(action) - 1)].copy()
+            for d in range(action.shape[1]):
+                if relative[d]:
+                    a[d] -= state[t, d]
+            rows.append(a)
+    return np.array(rows, np.float32)
+
+
+def test_relative_action_statistics_are_those_of_openpis_delta_chunks(tmp_path, capsys):
+    """`--relative-actions --horizon 3 --exclude dy`: dx's statistics are those of action - state over
+    every frame's 3-action chunk, dy's of its absolute actions over the same chunks; min, max, mean,
+    std and count against numpy over all 57 chunk elements, the quantiles against LeRobot's reduction
+    (per episode, then the count-weighted mean) of the chunks built here. Every other feature's
+    statistics are those `zerojax stats` writes without the flag."""
+    root = without_stats(tmp_path)
+    assert cli.main(["stats", str(root), "--relative-actions", "--horizon", "3", "--exclude", "dy"]) == 0
+    assert "chunks of 3, dy kept absolute" in capsys.readouterr().out
+    got = json.loads((root / "meta" / "stats_relative.json").read_text())
+    assert got["action"]["relative"] == {"state": "observation.state", "horizon": 3, "exclude_joints": ["dy"],
+                                         "joints": ["dx"]}
+    per_episode = [openpi_chunks(a, s, 3, [True, False]) for a, s in frames_of(root).values()]
+    every = np.concatenate(per_episode).astype(np.float64)
+    assert got["action"]["count"] == [57] and every.shape == (57, 2)
+    np.testing.assert_array_equal(got["action"]["min"], every.min(0))
+    np.testing.assert_array_equal(got["action"]["max"], every.max(0))
+    np.testing.assert_allclose(got["action"]["mean"], every.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(got["action"]["std"], every.std(0), rtol=1e-5)
+    want = stats.aggregate([stats.vector_stats(c) for c in per_episode])
+    for key in stats.Q_KEYS:
+        np.testing.assert_allclose(got["action"][key], want[key], rtol=1e-7, err_msg=key)
+    absolute = stats.compute(root)
+    assert not np.allclose(got["action"]["mean"][0], absolute["action"]["mean"][0])  # dx moved by the state
+    assert_stats_equal(got, json.loads(stats.to_json(absolute)), [k for k in REF if k != "action"])
+
+
+def test_an_excluded_joint_keeps_its_absolute_statistics(tmp_path):
+    """With chunks of one action, an excluded joint's statistics are exactly the absolute action's
+    (the chunks are the frames), and a joint made relative those of action - state; the horizon
+    comes from a run's config.yaml (--run)."""
+    root = without_stats(tmp_path)
+    write_run_config(tmp_path, 1)
+    assert cli.main(["stats", str(root), "--relative-actions", "--run", str(tmp_path), "--exclude", "DY",
+                     "--out", str(tmp_path / "rel.json")]) == 0
+    got = json.loads((tmp_path / "rel.json").read_text())["action"]
+    absolute = stats.compute(root)["action"]
+    for key in KEYS:
+        np.testing.assert_array_equal(np.asarray(got[key])[..., -1], np.asarray(absolute[key])[..., -1], err_msg=key)
+    episodes = frames_of(root).values()
+    delta = np.concatenate([a[:, 0] - s[:, 0] for a, s in episodes]).astype(np.float64)
+    assert got["count"] == [19] and got["min"][0] == delta.min() and got["max"][0] == delta.max()
+    np.testing.assert_allclose(got["mean"][0], delta.mean(), rtol=1e-6)

@@ -126,12 +126,31 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
         raise ConfigError(f"model.init_from={directory!r}: a LeRobot {kind} policy without model.safetensors")
     _, layout = layouts[kind]
     out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
+    unrecorded_vision_heads(out, given, where)
     try:
         out = _coerced("model", out, ModelConfig)
         ModelConfig(**out)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     return out
+
+
+def unrecorded_vision_heads(keys: dict, given: dict, where) -> None:
+    """ConfigError where the vision tower's head count the family took in the user's stead does not
+    divide the tower's width. A LeRobot π0/π0.5 (or a SmolVLA without its VLM's config) records no
+    head count: its config.json has no field for it, and HF SigLIP's q_proj [E, E] hides it in its
+    shape. The hint divides the width, and says the count must be the one the tower was trained with."""
+    vision = keys.get("vision") or {}
+    width, heads = vision.get("d_model"), vision.get("n_heads")
+    if (given.get("vision") or {}).get("n_heads") or not width or not heads or width % heads == 0:
+        return
+    divisors = [d for d in range(1, width + 1) if width % d == 0]
+    guess = max(d for d in divisors if d <= heads)
+    raise ConfigError(f"{where}: the vision tower's head count cannot be read from the checkpoint's files (LeRobot's "
+                      f"config.json does not record it, and no tensor's shape shows it), and {heads}, the family's "
+                      f"usual tower's, does not divide its width model.vision.d_model={width}; set the count it was "
+                      f"trained with, one of {', '.join(map(str, divisors))}: try model.vision.n_heads={guess} "
+                      f"(divides {width}) if nothing says otherwise")
 
 
 def openpi_model_keys(directory: str, given: dict) -> dict:

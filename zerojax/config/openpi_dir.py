@@ -5,7 +5,9 @@ the families' `OpenpiLayout`s say which heads are theirs. orbax (and jax) only w
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +21,75 @@ STATS = ("mean", "std", "q01", "q99")  # openpi's NormStats: mean and std requir
 
 
 def orbax_tree(params: Path):
-    """orbax's metadata tree of a PyTree checkpoint (a dict in openpi's orbax, StepMetadata in newer ones)."""
+    """orbax's metadata tree of a PyTree checkpoint (a dict in openpi's orbax, StepMetadata in newer
+    ones), or ConfigError naming what is wrong with `params`. Read by orbax's handler itself: the
+    Checkpointer around it turns a missing or unreadable _METADATA into warnings on the log (extra
+    lines before the error) and an empty answer; the handler raises, and its few log lines are
+    held back and folded into the error (`_orbax_log`)."""
     import orbax.checkpoint as ocp
 
-    with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(params)
+    _check_files(params)
+    handler = ocp.PyTreeCheckpointHandler()
+    with _orbax_log() as said:
+        try:
+            meta = handler.metadata(params)
+        except Exception as err:  # noqa: BLE001 - orbax fails in many ways on a directory that is not its own
+            told = f"; orbax said: {said[0]}" if said else ""
+            raise ConfigError(f"{params} is not an orbax checkpoint ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:160] if str(err) else ''}{told})") from None
+        finally:
+            handler.close()
     meta = getattr(meta, "item_metadata", meta)
     return getattr(meta, "tree", meta)
+
+
+def _check_files(params: Path) -> None:
+    """The files orbax's metadata reads first, checked before orbax opens them: an empty params/,
+    one cut short (copied part way) or one whose _METADATA is not orbax's JSON. Checked here because
+    tensorstore, asked for a manifest that is missing, keeps retrying on its threads and prints
+    tracebacks after the error (measured with orbax 0.12.8, tensorstore 0.1.86)."""
+    fix = "copy the checkpoint's params/ again, whole"
+    try:
+        empty = not any(params.iterdir())
+    except OSError as err:
+        raise ConfigError(f"{params} cannot be read ({type(err).__name__}: {err})") from None
+    if empty:
+        raise ConfigError(f"{params} is empty; an openpi checkpoint's params/ holds orbax's _METADATA and the "
+                          f"arrays' files; {fix}")
+    if not (params / "_METADATA").is_file():
+        raise ConfigError(f"{params} has no _METADATA (orbax's record of the tree): not an orbax checkpoint, or "
+                          f"one cut short; {fix}")
+    try:
+        doc = json.loads((params / "_METADATA").read_text())
+        ocdbt, tree = doc.get("use_ocdbt", False), doc["tree_metadata"]
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{params}/_METADATA is not orbax's tree metadata (a JSON object with \"tree_metadata\"; "
+                          f"{type(err).__name__}: {err}); {fix}") from None
+    if not isinstance(tree, dict) or not tree:
+        raise ConfigError(f"{params}/_METADATA lists no arrays (its \"tree_metadata\" is {tree!r}); {fix}")
+    if ocdbt and not (params / "manifest.ocdbt").is_file():
+        raise ConfigError(f"{params} has no manifest.ocdbt, the index of the arrays its _METADATA says are in one "
+                          f"OCDBT database (use_ocdbt): cut short; {fix}")
+
+
+@contextlib.contextmanager
+def _orbax_log():
+    """orbax's log records (absl's logger) at WARNING and above, held in the list it yields instead
+    of reaching the user's terminal while a directory is probed."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logger, keep = logging.getLogger("absl"), Keep(logging.WARNING)
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(keep)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(keep)
+        logger.propagate = propagate
 
 
 def flat_tree(tree, prefix: str = "") -> dict:
@@ -48,12 +112,11 @@ def tree_shapes(directory) -> dict:
     if not params.is_dir():
         raise ConfigError(f"model.init_from={str(directory)!r}: no {PARAMS}/ directory; an openpi checkpoint holds "
                           f"its weights in {PARAMS}/ (an orbax tree) beside {ASSETS}/<asset_id>/{NORM_STATS}")
+    tree = orbax_tree(params)
     try:
-        tree = orbax_tree(params)
         shapes = {k: tuple(v.shape) for k, v in flat_tree(tree).items()}
-    except Exception as err:  # noqa: BLE001 - orbax fails in many ways on a directory that is not its own
-        raise ConfigError(f"{params} is not an orbax checkpoint ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:160] if str(err) else ''})") from None
+    except (AttributeError, TypeError) as err:
+        raise ConfigError(f"{params}: orbax's metadata is not a tree of arrays ({type(err).__name__}: {err})") from None
     if not shapes:
         raise ConfigError(f"{params}: an orbax checkpoint without parameters")
     return shapes

@@ -47,7 +47,8 @@ class VisionConfig:
                               f"{_largest_divisor(self.image_size, self.patch_size)}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.vision.d_model={self.d_model} must be divisible by model.vision.n_heads="
-                              f"{self.n_heads}; try model.vision.n_heads={_largest_divisor(self.d_model, self.n_heads)}")
+                              f"{self.n_heads}; try model.vision.n_heads={_largest_divisor(self.d_model, self.n_heads)} "
+                              f"(divides {self.d_model})")
 
     @property
     def image_tokens(self) -> int:

@@ -17,6 +17,18 @@ LeRobot's algorithm, kept (lerobot/datasets/compute_stats.py, scripts/augment_da
   mean of the episodes' quantiles (not a quantile of all frames: LeRobot's definition, kept so a
   dataset's numbers do not depend on which tool wrote them).
 
+Relative actions (`zerojax stats --relative-actions`, `Relative`): the action's statistics are those
+of the action chunks openpi's `DeltaActions` makes and its `compute_norm_stats` reduces: each frame's
+chunk of `horizon` actions (past the episode's last frame, its last action again, as LeRobot's
+`delta_timestamps` pad a chunk), minus the frame's state on every joint but the excluded ones, which
+keep their absolute values (an excluded joint's statistics are its absolute actions' over the same
+chunks). The joints are named by the action's `names` in meta/info.json and excluded as LeRobot's
+`RelativeActionsProcessorStep` excludes them (a name, lower-cased, equal to or within the joint's);
+each joint is relative to the state's dimension of the same index. They are reduced as any feature is
+(LeRobot's per-episode statistics, then its aggregate), so count is frames x horizon; the action's
+entry records how (`RELATIVE`). LeRobot 0.6.1's π0 and π0.5 normalize relative actions with the
+absolute statistics (its PR #2970); these are the statistics of what the model is trained on.
+
 One pass: the data files are read one at a time, each episode reduced to its statistics as its file
 is read; only the per-episode statistics are kept. With several processes (jax.distributed), the
 episodes are split into contiguous ranges, each process reads only its range's files, and process 0
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +48,14 @@ import numpy as np
 from zerojax.data import lerobot_frames as frames
 from zerojax.data import lerobot_meta as meta
 from zerojax.errors import ConfigError
+from zerojax.models.family import ACTION, STATE
 
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)  # LeRobot's DEFAULT_QUANTILES
 Q_KEYS = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
 BINS = 5000  # RunningQuantileStats' num_quantile_bins
 CAMERA_DTYPES = ("image", "video")
 ROW_INDEX = " rows"  # a data file's dataset indices [N] (its "index" column, flat), beside its features
+RELATIVE = "relative"  # the action entry's record of relative statistics (`Relative.record`)
 
 
 def _quantile(cumsum: np.ndarray, edges: np.ndarray, target: float) -> float:
@@ -133,12 +148,88 @@ def _episode_rows(table, ep) -> np.ndarray:
     return rows
 
 
-def episode_stats(ep, table: dict, numeric: list[str], cameras: dict, video) -> dict:
+def check_finite(x_ND: np.ndarray, feature: str, episode: int, frames_N: np.ndarray) -> None:
+    """ConfigError naming the first NaN or infinity of one episode's `feature` (its frame, the
+    row's place in the episode `frames_N`, and dimension): its statistics would be NaN, and a run
+    normalizing with them would train on NaN."""
+    bad = np.argwhere(~np.isfinite(x_ND)) if x_ND.dtype.kind == "f" else ()
+    if len(bad):
+        row, dim = (int(i) for i in bad[np.argmin(frames_N[bad[:, 0]])])
+        raise ConfigError(f"{feature} holds {x_ND[row, dim]} in episode {episode}, frame {int(frames_N[row])} "
+                          f"(dimension {dim}; {len(bad)} non-finite values in the episode); statistics need finite "
+                          "numbers: fix or drop the episode")
+
+
+@dataclass(frozen=True)
+class Relative:
+    """The action's statistics taken of relative actions (module docstring): `horizon` actions per
+    chunk, the joints in `exclude` kept absolute."""
+
+    horizon: int
+    exclude: tuple[str, ...] = ()
+
+    def mask(self, info: dict) -> np.ndarray:
+        """[D] True on the joints made relative: LeRobot's RelativeActionsProcessorStep._build_mask
+        of the action's names, checked against the dataset (ConfigError before any frame is read)."""
+        features = info.get("features", {})
+        if ACTION not in features or STATE not in features:
+            raise ConfigError(f"relative actions need {ACTION!r} and {STATE!r}; the dataset's features are "
+                              f"{', '.join(features)}")
+        width, state = (int(np.prod(features[k].get("shape", [1]))) for k in (ACTION, STATE))
+        if state < width:
+            raise ConfigError(f"relative actions subtract the state from the action joint by joint, but {STATE} "
+                              f"has {state} dimensions and {ACTION} {width}")
+        names = action_names(info)
+        if not self.exclude:
+            return np.ones(width, bool)
+        if names is None:
+            raise ConfigError(f"--exclude {' '.join(self.exclude)}: the dataset's meta/info.json names no "
+                              f"{ACTION} joints (its features.action.names), so none can be excluded by name")
+        tokens = [t.lower() for t in self.exclude]
+        unmatched = [t for t in self.exclude if not any(t.lower() in n.lower() for n in names)]
+        if unmatched:
+            raise ConfigError(f"--exclude {' '.join(unmatched)} names none of the action's joints "
+                              f"({', '.join(names)}); a joint is excluded where the name is within its own")
+        return np.array([not any(t in n.lower() for t in tokens) for n in names[:width]]
+                        + [True] * (width - len(names)))
+
+    def record(self, info: dict) -> dict:
+        """What the action's entry in stats.json says of them (`RELATIVE`)."""
+        names = action_names(info) or [str(i) for i in range(int(np.prod(info["features"][ACTION]["shape"])))]
+        return {"state": STATE, "horizon": self.horizon, "exclude_joints": list(self.exclude),
+                "joints": [n for n, m in zip(names, self.mask(info)) if m]}
+
+
+def action_names(info: dict) -> list[str] | None:
+    """The action's joint names in meta/info.json (a list, or v2.x's {"motors": [...]}), or None."""
+    names = info.get("features", {}).get(ACTION, {}).get("names")
+    if isinstance(names, dict) and len(names) == 1:
+        names = next(iter(names.values()))
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
+def relative_chunks(action_ND: np.ndarray, state_NS: np.ndarray, horizon: int, mask_D: np.ndarray) -> np.ndarray:
+    """[N * horizon, D]: each frame's chunk of actions (an index past the episode's end clamped to its
+    last frame, as LeRobot's delta_timestamps pad), minus the frame's state where `mask_D`, as openpi's
+    DeltaActions computes it (`actions[..., :D] -= where(mask, state[..., :D], 0)`, in the action's dtype).
+    The frames in episode order."""
+    n, d = action_ND.shape
+    chunk_NH = np.minimum(np.arange(n)[:, None] + np.arange(horizon)[None, :], n - 1)
+    offset_ND = np.where(mask_D, state_NS[:, :d], 0).astype(action_ND.dtype)
+    return (action_ND[chunk_NH] - offset_ND[:, None, :]).reshape(n * horizon, d)
+
+
+def episode_stats(ep, table: dict, numeric: list[str], cameras: dict, video, relative=None) -> dict:
     """{feature: statistics} of one episode (module docstring). `table`: its data file's columns
     ([N, D] arrays, ROW_INDEX's [N], and a camera's Parquet image cells); `cameras`: camera ->
-    its dtype."""
+    its dtype; `relative`: (horizon, mask) where the action's are those of relative actions."""
     rows = _episode_rows(table, ep)
+    for k in numeric:
+        check_finite(table[k][rows], k, ep.index, table[ROW_INDEX][rows] - ep.start)
     out = {k: vector_stats(table[k][rows]) for k in numeric}
+    if relative is not None:
+        ordered = rows[np.argsort(table[ROW_INDEX][rows], kind="stable")]
+        out[ACTION] = vector_stats(relative_chunks(table[ACTION][ordered], table[STATE][ordered], *relative))
     sampled = rows[sample_indices(len(rows))]
     for camera, dtype in cameras.items():
         where = f"{camera}, episode {ep.index}"
@@ -160,8 +251,10 @@ def process_episodes(episodes: list, process_index: int, process_count: int) -> 
     return episodes[process_index * n // process_count:(process_index + 1) * n // process_count]
 
 
-def compute_local(root: Path, process_index: int = 0, process_count: int = 1) -> list[tuple[int, dict]]:
-    """[(episode index, {feature: statistics})] of this process's episodes, its data files read once each."""
+def compute_local(root: Path, process_index: int = 0, process_count: int = 1,
+                  relative: Relative | None = None) -> list[tuple[int, dict]]:
+    """[(episode index, {feature: statistics})] of this process's episodes, its data files read once
+    each; the action's of relative actions where `relative` says so."""
     import pyarrow.parquet as pq
 
     from zerojax.data.lerobot import read_info
@@ -171,6 +264,7 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1) ->
         raise ConfigError(f"{root}: codebase_version {info.get('codebase_version')!r}; zerojax stats reads "
                           "LeRobot v3.0 datasets (LeRobot 0.4 and later)")
     numeric, cameras = features_of(info)
+    chunks = (relative.horizon, relative.mask(info)) if relative else None
     kinds = {c: info["features"][c]["dtype"] for c in cameras}
     episodes, files = meta.read_episodes(root, info, cameras)
     mine = process_episodes(sorted(zip(episodes.values(), files), key=lambda e: e[0].index),
@@ -185,7 +279,7 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1) ->
         cols = {k: _matrix(table.column(k)) for k in dict.fromkeys(["index", "timestamp", *numeric])}
         cols[ROW_INDEX] = cols["index"][:, 0]
         cols.update({c: table.column(c) for c, d in kinds.items() if d == "image"})
-        out += [(ep.index, episode_stats(ep, cols, numeric, kinds, video)) for ep in eps]
+        out += [(ep.index, episode_stats(ep, cols, numeric, kinds, video, chunks)) for ep in eps]
     video.close()
     return out
 
@@ -216,19 +310,29 @@ def gather(local: list[tuple[int, dict]], total: int, process_count: int) -> lis
     return out
 
 
-def compute(root, process_index: int = 0, process_count: int = 1) -> dict:
-    """The dataset's {feature: {statistic: array}} (module docstring), its features in meta/info.json's order."""
+def compute(root, process_index: int = 0, process_count: int = 1, relative: Relative | None = None) -> dict:
+    """The dataset's {feature: {statistic: array}} (module docstring), its features in meta/info.json's
+    order; with `relative`, the action's of relative actions, its entry saying so (`RELATIVE`)."""
     root = Path(root)
-    local = compute_local(root, process_index, process_count)
+    local = compute_local(root, process_index, process_count, relative)
     info = meta.read_json(root / "meta" / "info.json", "a LeRobot dataset's info.json")
     per_episode = gather(local, len(meta.read_episodes(root, info, [])[0]), process_count)
     numeric, cameras = features_of(info)
-    return {k: aggregate([ep[k] for ep in per_episode]) for k in (*numeric, *cameras)}
+    out = {k: aggregate([ep[k] for ep in per_episode]) for k in (*numeric, *cameras)}
+    if relative:
+        out[ACTION][RELATIVE] = relative.record(info)
+    return out
 
 
 def to_json(stats: dict) -> str:
+    """stats.json's text: each feature's statistics in LeRobot's order, and a relative action's record."""
     order = ("min", "max", "mean", "std", "count", *Q_KEYS)
-    return json.dumps({k: {s: np.asarray(v[s]).tolist() for s in order} for k, v in stats.items()}, indent=4) + "\n"
+
+    def entry(feature: dict) -> dict:
+        out = {s: np.asarray(feature[s]).tolist() for s in order}
+        return {**out, RELATIVE: feature[RELATIVE]} if RELATIVE in feature else out
+
+    return json.dumps({k: entry(v) for k, v in stats.items()}, indent=4) + "\n"
 
 
 def write(stats: dict, path: Path) -> None:
