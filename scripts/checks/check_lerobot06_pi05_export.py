@@ -19,7 +19,7 @@ Two halves, in two venvs (torch and LeRobot are never zerojax's dependencies), f
 repository root (the processor files name the tokenizer from there):
 
     zerojax train model.init_from=tests/fixtures/lerobot06/pi05 model.vision.n_heads=2 \\
-        data.source=lerobot:tests/fixtures/lerobot06/dataset ... train.out_dir=RUN   # README "LeRobot 0.6"
+        data.source=lerobot:tests/fixtures/lerobot06/dataset ... train.out_dir=RUN   # docs/models/pi0.md "π0.5 exports back"
     zerojax export RUN --format lerobot --out EXPORT
     python scripts/checks/check_lerobot06_pi05_export.py --zerojax RUN EXPORT OUT.safetensors     # zerojax's venv
     /work/lr06venv/bin/python scripts/checks/check_lerobot06_pi05_export.py EXPORT OUT.safetensors

@@ -61,7 +61,7 @@ class VisionConfig:
 class SharedModelConfig:
     """model.*: the keys every family reads; `ModelConfig` adds the families' own sections."""
 
-    family: str = registry.DEFAULT  # gpt | llama | gemma | paligemma | pi0 | module:factory (a model of your own, README "Bring your own model")
+    family: str = registry.DEFAULT  # gpt | llama | gemma | paligemma | pi0 | pi05 | smolvla | module:factory (a model of your own: docs/guides/bring-your-own-model.md)
     vocab_size: int = 256  # tokens; 256 for the byte-level corpora
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (units of the FSDP schedule)

@@ -9,6 +9,7 @@
     loaders.py      a run directory, an export or a LeRobot policy directory, served
                     (openpi's `create_trained_policy`)
     server.py       the websocket server (the `websockets` library's asyncio server)
+    client.py       `zerojax client`: one observation sent as openpi's client sends it, the chunk timed
 
 Serving needs the `serve` extra (websockets, msgpack): `require` checks it, so that nothing
 here is imported by `import zerojax`.
