@@ -43,7 +43,6 @@ import os
 
 import numpy as np
 
-from zerojax.config.sections import MIXTURE
 from zerojax.data import idle as idle_lib
 from zerojax.data.lerobot import source as lerobot
 from zerojax.errors import ConfigError

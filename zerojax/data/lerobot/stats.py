@@ -254,7 +254,6 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1,
                   relative: Relative | None = None) -> list[tuple[int, dict]]:
     """[(episode index, {feature: statistics})] of this process's episodes, its data files read once
     each; the action's of relative actions where `relative` says so."""
-    import pyarrow.parquet as pq
 
     from zerojax.data.lerobot.source import read_info
 
