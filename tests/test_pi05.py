@@ -76,13 +76,36 @@ def test_the_batch_reads_the_state_into_the_prompt():
     raw = src.source.rows(0, 0, slice(None))
     for row in range(len(batch["tokens"])):
         text = bytes(batch["tokens"][row][batch["token_mask"][row]].tolist()).decode()
-        task = bytes(raw["tokens"][row][raw["token_mask"][row]].tolist()).decode()
+        task = str(raw["task"][row])  # the dataset's own text, as meta/tasks.parquet holds it
         assert text == pi05_batch.prompt_text(task, raw["observation.state"][row])
         assert text.startswith(f"Task: {task.strip()}, State: ") and text.endswith(";\nAction: ")
         # the bins, independently: bin i holds [-1 + i/128, -1 + (i+1)/128), below -1 is -1, the last open
         state = raw["observation.state"][row].astype(np.float64)
         bins = np.clip(np.floor((state + 1) * 128), -1, 255).astype(int)
         assert text.split("State: ")[1].split(";")[0] == " ".join(map(str, bins))
+
+
+def test_the_prompt_is_written_from_the_tasks_text_not_read_back_from_its_tokens():
+    """A word-level tokenizer maps a word it does not know to [UNK]: decoding the data layer's
+    tokens back would lose it. π0.5's prompt is written from the task's own text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["Task", ":", "pick", "the", "cube", ",", "State", ";", "Action"] + [str(i) for i in range(256)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    task, state = "pick the red_cube", np.array([[0.25, -0.5]], np.float32)
+    ids = tokenizer.encode(task + "\n").ids  # as the data layer tokenizes the task: "red_cube" is [UNK]
+    raw = {"task": np.array([task]), "observation.state": state, "tokens": np.array([ids], np.int32),
+           "token_mask": np.ones((1, len(ids)), bool)}
+    out = pi05_batch.prompts(raw, 32, tokenizer)
+    want, mask = pi05_batch.tokenize(pi05_batch.prompt_text(task, state[0]), 32, tokenizer)
+    np.testing.assert_array_equal(out["tokens"][0], want)
+    np.testing.assert_array_equal(out["token_mask"][0], mask)
+    read_back = tokenizer.decode(ids)  # "pick the [UNK]": what decoding the tokens would have given
+    assert "red" not in read_back and not np.array_equal(
+        pi05_batch.tokenize(pi05_batch.prompt_text(read_back, state[0]), 32, tokenizer)[0], out["tokens"][0])
+    with pytest.raises(ValueError, match="rows carry no 'task'"):
+        pi05_batch.prompts({k: v for k, v in raw.items() if k != "task"}, 32, tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ import numpy as np
 from zerojax.data import idle as idle_lib
 from zerojax.data.lerobot import source as lerobot
 from zerojax.errors import ConfigError
-from zerojax.models.family import ACTION, CAMERA, STATE, Field
+from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
 
 STREAM = 0x4D495854  # the generators' stream for the mixture's draws, apart from the rows' and the noise's
 PHI = (math.sqrt(5.0) - 1.0) / 2.0  # the golden ratio's fraction: the Weyl sequence's step
@@ -164,12 +164,12 @@ class MixtureSource:
         split, step, start, stop = key
         which, frames = self.draw(split, step)
         items = list(pool.map(self.item, which[start:stop], frames[start:stop]))
-        return {k: np.stack([it[k] for it in items]) for k in self._spec}
+        return {k: np.stack([it[k] for it in items]) for k in (*self._spec, TASK)}
 
     def item(self, member: int, index: int) -> dict:
         """One row: the dataset's own item, padded to the mixture's widths and camera slots."""
         raw = self.sources[member].item(index)
-        out = {k: raw[k] for k in ("action_is_pad", "tokens", "token_mask")}
+        out = {k: raw[k] for k in ("action_is_pad", "tokens", "token_mask", TASK)}
         out[STATE] = pad_last(raw[STATE], self._spec[STATE].shape[-1])
         out[ACTION] = pad_last(raw[ACTION], self._spec[ACTION].shape[-1])
         empty = np.full((3, self.size, self.size), -1.0, np.float32)

@@ -32,8 +32,9 @@ POLICY = "policy"  # robot observations in, action chunks out (data.source=lerob
 KINDS = (LANGUAGE_MODEL, VISION_LANGUAGE, POLICY)
 
 # The features a policy's observation and its targets carry, by LeRobot's names (which openpi's
-# clients send too): the state, one image per camera, the action chunk.
-STATE, ACTION, CAMERA = "observation.state", "action", "observation.images."
+# clients send too): the state, one image per camera, the action chunk, the task's text (beside
+# its tokens, for a family that writes its own prompt from it: π0.5).
+STATE, ACTION, CAMERA, TASK = "observation.state", "action", "observation.images.", "task"
 
 
 class Field(NamedTuple):

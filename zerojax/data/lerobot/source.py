@@ -53,7 +53,7 @@ from zerojax.data import idle
 from zerojax.data.lerobot import frames, meta, v21
 from zerojax.errors import ConfigError
 from zerojax.models import registry
-from zerojax.models.family import ACTION, CAMERA, STATE, Field
+from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
 
 VERSIONS = {"v2.1": v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
@@ -223,7 +223,8 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
         out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
-    out["tokens"], out["token_mask"] = prompt(raw["task"], prompt_len, tokenizer)
+    out["tokens"], out["token_mask"] = prompt(raw[TASK], prompt_len, tokenizer)
+    out[TASK] = np.asarray(raw[TASK])  # the text too: a family that writes its own prompt reads it, never the tokens
     return out
 
 
@@ -276,7 +277,7 @@ class LeRobotSource:
         split, step, start, stop = key
         indices = self.frames_of(split, step)[slice(start, stop)]
         items = list(pool.map(self.item, indices))
-        return {k: np.stack([it[k] for it in items]) for k in self._spec}
+        return {k: np.stack([it[k] for it in items]) for k in (*self._spec, TASK)}
 
     def raw_item(self, index: int) -> dict:
         """Frame `index` as LeRobot's __getitem__ gives it (before normalization, resizing and

@@ -12,14 +12,12 @@ and openpi's `PaligemmaTokenizer` (π0.5) write it:
 tokenized with the run's tokenizer (data.tokenizer; bytes if none), truncated to L =
 model.action.prompt_len (LeRobot's tokenizer_max_length, 200) and padded with 0 on the right.
 
-The dataset's features carry the task as the data layer tokenized it (the task and "\\n",
-`data.lerobot.prompt`); the adapter reads the text back with the same tokenizer and writes
-π0.5's prompt in its place, so the state is normalized in one place (`data.lerobot`, with the
-run's data.norm_state), for training (`vla.batch.PolicyRows`) and `zerojax serve` / `rollout`
-(`observation`, handed the run's tokenizer) alike. The round trip is exact for bytes and for a
-tokenizer that decodes plain text back (PaliGemma's SentencePiece, byte fallback); a word-level
-tokenizer loses a word it maps to <unk> (LeRobot cleans "red_cube" to "red cube" before
-tokenizing; here the data layer has tokenized it first). No jax here.
+The dataset's features carry the task's text beside its tokens (`family.TASK`, the text the
+data layer and `zerojax serve` read); the adapter writes π0.5's prompt from that text and the
+normalized state, so the state is normalized in one place (`data.lerobot`, with the run's
+data.norm_state), for training (`vla.batch.PolicyRows`) and `zerojax serve` / `rollout`
+(`observation`, handed the run's tokenizer) alike. The text is never read back from the tokens:
+a word-level tokenizer would lose a word it maps to <unk>. No jax here.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from zerojax.models.vla import batch as vla_batch
-from zerojax.models.family import STATE, Field, PolicyAdapter
+from zerojax.models.family import STATE, TASK, Field, PolicyAdapter
 
 BINS = 256
 
@@ -52,17 +50,12 @@ def tokenize(text: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]
     return tokens, mask
 
 
-def task_of(tokens_L: np.ndarray, mask_L: np.ndarray, tokenizer) -> str:
-    """The task's text back from the features' tokens (the data layer's "task\\n")."""
-    ids = [int(t) for t in np.asarray(tokens_L)[np.asarray(mask_L, bool)]]
-    text = tokenizer.decode(ids) if tokenizer is not None else bytes(ids).decode("utf-8", errors="replace")
-    return text
-
-
 def prompts(raw: dict, length: int, tokenizer) -> dict:
-    """Each row's π0.5 tokens and mask from its task tokens and its normalized state."""
-    rows = [tokenize(prompt_text(task_of(t, m, tokenizer), s), length, tokenizer)
-            for t, m, s in zip(raw["tokens"], raw["token_mask"], raw[STATE])]
+    """Each row's π0.5 tokens and mask from its task's text and its normalized state."""
+    if TASK not in raw:
+        raise ValueError(f"π0.5 writes its prompt from the task's text: the rows carry no {TASK!r} "
+                         f"(they carry {', '.join(sorted(raw))}); a LeRobot source gives it")
+    rows = [tokenize(prompt_text(str(task), s), length, tokenizer) for task, s in zip(raw[TASK], raw[STATE])]
     return {"tokens": np.stack([r[0] for r in rows]), "token_mask": np.stack([r[1] for r in rows])}
 
 
