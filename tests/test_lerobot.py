@@ -143,7 +143,9 @@ def test_rows_are_a_pure_function_of_seed_split_and_step_and_of_no_slice():
     src = source()
     batch = src.rows(data.TRAIN, 3, slice(None))
     spec = src.spec()
-    assert set(batch) == set(spec) == {"observation.state", *CAMERAS, "action", "action_is_pad", "tokens", "token_mask"}
+    assert set(spec) == {"observation.state", *CAMERAS, "action", "action_is_pad", "tokens", "token_mask"}
+    assert set(batch) == {*spec, "task"}  # the task's text beside its tokens (π0.5 writes its prompt from it)
+    assert [str(t) for t in batch["task"]] == [src.dataset.numbers(int(i), 1)["task"] for i in src.frames_of(data.TRAIN, 3)]
     for key, field in spec.items():
         assert batch[key].shape == field.shape and batch[key].dtype == np.dtype(field.dtype), key
     again = source()  # a fresh source, asked out of order (the background thread guessed step 4)
