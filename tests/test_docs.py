@@ -105,3 +105,20 @@ def test_the_readmes_commands_parse_and_their_keys_load(monkeypatch):
             overrides = [o for o in args.overrides if not o.startswith(("data.source=", "model.init_from=PATH"))]
             tiny = ["model.vision.n_heads=2"] if "lerobot06/pi05" in line else []  # the tutorial's overlay key
             config.load(args.config, overrides + tiny)
+
+
+MODEL_PAGES = sorted((ROOT / "docs" / "models").glob("*.md"))
+EVIDENCE = re.compile(r"within \d(\.\d+)?e-\d|this (2-core )?(CPU )?machine")  # a tolerance met, a machine's log
+
+
+@pytest.mark.parametrize("page", MODEL_PAGES, ids=lambda p: p.name)
+def test_a_model_page_is_how_to_with_its_evidence_linked(page):
+    """LeRobot's policy pages: a fine-tune command block first, then the recipes and the memory per
+    card; the checks and measurements are in docs/benchmarks/, linked, not told again."""
+    text = page.read_text()
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sections[0].startswith("Fine-tune on your"), sections
+    assert "```bash" in text.split("\n## ")[1], "the first section is a command block"
+    assert any("recipes" in s.lower() for s in sections) and "Memory per card" in sections, sections
+    assert "../benchmarks/" in text, "link the page's evidence"
+    assert not EVIDENCE.search(text), EVIDENCE.search(text).group(0)
