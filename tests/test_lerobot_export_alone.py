@@ -121,3 +121,21 @@ def test_the_exports_round_trip_needs_no_vision_head_count(exported, tmp_path):
     (bare / "zerojax.json").unlink()
     with pytest.raises(ConfigError, match="model.vision.n_heads="):
         hf_model_keys(str(bare))
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"fps": "ten", "features": {}}, "'fps' must be a number >= 0"),
+    ({"model": ["vision"]}, "'model' is a JSON list"),
+    ({"model": {"vision": {"n_heads": "two"}}}, "model.vision.n_heads"),
+    ({"model": {"vision": {"heads": 2}}}, "'heads' is not a model key"),
+])
+def test_a_bad_zerojax_json_is_refused_naming_the_file(exported, tmp_path, record, message):
+    from zerojax.config import hf_model_keys
+    from zerojax.interop import lerobot
+
+    bad = shutil.copytree(exported[1], tmp_path / "bad")
+    (bad / "zerojax.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=message) as err:
+        lerobot.read_policy(bad)
+        hf_model_keys(str(bad))
+    assert str(bad) in str(err.value)

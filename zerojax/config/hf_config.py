@@ -148,6 +148,12 @@ def recorded_model_keys(directory, given: dict) -> dict:
     recorded = read_json_object(path, "a zerojax export's record").get("model") or {}
     if not isinstance(recorded, dict):
         raise ConfigError(f"{path}: 'model' is a JSON {type(recorded).__name__}, not an object of model keys")
+    try:
+        recorded = _coerced("model", recorded, ModelConfig)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except KeyError as err:
+        raise ConfigError(f"{path}: {err.args[0]!r} is not a model key (model.* or a section's key)") from None
     out = {**recorded, **given}
     for key, value in recorded.items():  # a sub-section (model.vision): merged key by key
         if isinstance(value, dict) and isinstance(given.get(key), dict):
