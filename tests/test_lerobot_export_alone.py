@@ -125,6 +125,7 @@ def test_the_exports_round_trip_needs_no_vision_head_count(exported, tmp_path):
 
 @pytest.mark.parametrize("record, message", [
     ({"fps": "ten", "features": {}}, "'fps' must be a number >= 0"),
+    ({"fps": 10, "features": {"action": ["a0"]}}, "'features' an object of"),
     ({"model": ["vision"]}, "'model' is a JSON list"),
     ({"model": {"vision": {"n_heads": "two"}}}, "model.vision.n_heads"),
     ({"model": {"vision": {"heads": 2}}}, "'heads' is not a model key"),

@@ -180,10 +180,11 @@ def _recorded_dataset(directory: Path) -> tuple[float, dict]:
         return 0.0, {}
     doc = read_json_object(path, "a zerojax export's record")
     fps, features = doc.get("fps", 0.0), doc.get("features") or {}
-    if not isinstance(fps, (int, float)) or fps < 0 or not isinstance(features, dict):
-        raise ConfigError(f"{path}: 'fps' must be a number >= 0 and 'features' an object of feature names; got "
-                          f"{fps!r} and a {type(features).__name__}")
-    return float(fps), {k: (v or {}).get("names") for k, v in features.items()}
+    if (not isinstance(fps, (int, float)) or fps < 0 or not isinstance(features, dict)
+            or not all(isinstance(v, dict) for v in features.values())):
+        raise ConfigError(f"{path}: 'fps' must be a number >= 0 and 'features' an object of {{feature: {{\"names\": "
+                          f"[...]}}}}; got {fps!r} and {json.dumps(features)[:80]}")
+    return float(fps), {k: v.get("names") for k, v in features.items()}
 
 
 def named_tokenizer(directory) -> str | None:
