@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, one_error_line, run
 from zerojax.errors import ConfigError
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
@@ -140,3 +140,12 @@ def test_a_bad_zerojax_json_is_refused_naming_the_file(exported, tmp_path, recor
         lerobot.read_policy(bad)
         hf_model_keys(str(bad))
     assert str(bad) in str(err.value)
+
+
+def test_an_export_whose_tokenizer_is_gone_is_refused_before_anything_is_written(exported, tmp_path, capsys):
+    """The run's data.tokenizer (`tok`, relative to where it trained) is not there: the export
+    could not stand alone, so it is refused with one line, and neither it nor its .tmp is made."""
+    run_dir = exported[0]
+    line = one_error_line(["export", str(run_dir), "--format", "lerobot", "--out", str(tmp_path / "again")], capsys)
+    assert "data.tokenizer='tok'" in line and "tokenizer.json" in line
+    assert not list(tmp_path.iterdir())
