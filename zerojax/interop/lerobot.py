@@ -353,8 +353,13 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
-    if tokenizer:
-        corpus.tokenizer_file(tokenizer)  # the export carries it: there, before anything is written
+    if tokenizer:  # the export carries it: there, before anything is written
+        try:
+            corpus.tokenizer_file(tokenizer)
+        except ConfigError:
+            raise ConfigError(f"{run_dir}: the export carries the run's tokenizer, but data.tokenizer={tokenizer!r} "
+                              f"holds no tokenizer.json (seen from {Path.cwd()}); put it back where the run's config "
+                              "names it, or export from the directory the run trained in") from None
     extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()} if v03 else {}
     steps = None if v03 else processors.steps_of(_kept_processors(run_dir), layout.processors and
                                                  layout.processors(config))
