@@ -131,7 +131,7 @@ def test_lerobot_import_on_8_devices_and_export_give_every_tensor_bit_for_bit(im
     assert (imported / "lerobot_init" / "config.json").read_bytes() == (FIXTURE / "pi0" / "config.json").read_bytes()
     out = tmp_path / "exported"
     assert cli.main(["export", str(imported), "--format", "lerobot", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "zerojax.json"]
     want, have = load_file(FIXTURE / "pi0" / "model.safetensors"), load_file(out / "model.safetensors")
     assert sorted(have) == sorted(want)  # the statistics' buffers and the expert's unused lm_head too
     assert bits(have) == bits(want)

@@ -73,15 +73,16 @@ def as_fixture_writes(export_config: dict) -> dict:
 
 def as_fixture_steps(steps: list) -> list:
     """Processor steps with the normalizers' features of the fixture's two cameras, and the
-    tokenizer's directory as a path from the repository root (the fixture's name for it)."""
+    tokenizer's directory as the fixture names it (from the repository root) where the export
+    names its own copy (`tokenizer`, relatively to itself)."""
     fixture_features = read_json(FIXTURE / "pi05" / "config.json")["input_features"]
     out = []
     for step in json.loads(json.dumps(steps)):
         config = step["config"]
         if step["registry_name"] == "normalizer_processor":
             config["features"] = {**fixture_features, ACTION: config["features"][ACTION]}
-        if step["registry_name"] == "tokenizer_processor" and Path(config["tokenizer_name"]).is_dir():
-            config["tokenizer_name"] = str(Path(config["tokenizer_name"]).resolve().relative_to(ROOT))
+        if step["registry_name"] == "tokenizer_processor" and config["tokenizer_name"] == "tokenizer":
+            config["tokenizer_name"] = str(TOKENIZER.relative_to(ROOT))
         out.append(step)
     return out
 
@@ -100,7 +101,8 @@ def test_the_export_is_what_lerobot06_wrote_for_the_fixture(finetuned):
     assert {k: (v.shape, v.dtype) for k, v in out.items()} == {k: (v.shape, v.dtype) for k, v in fixture.items()}
     np.testing.assert_array_equal(out[LM_HEAD], out[EMBED])
     assert not np.array_equal(out[EMBED], fixture[EMBED])  # the fine-tune moved it
-    assert sorted(p.name for p in export.iterdir()) == sorted(p.name for p in (FIXTURE / "pi05").iterdir())
+    assert sorted(p.name for p in export.iterdir()) == \
+        sorted([p.name for p in (FIXTURE / "pi05").iterdir()] + ["tokenizer", "zerojax.json"])  # zerojax's own two
 
 
 @pytest.mark.slow
@@ -129,7 +131,7 @@ def test_zerojax_reading_its_export_samples_the_runs_actions(finetuned):
 
     run_dir, export = finetuned
     saved, step, trained = load_model(run_dir)
-    cfg, loaded = lerobot.load(export, vision_heads=2)
+    cfg, loaded = lerobot.load(export)  # the tower's head count from the export's zerojax.json
     assert step == 2 and (cfg.action.cameras, cfg.action.prompt_len, cfg.action.action_dim) == (2, 24, 3)
     src = sources.open_source(config.load(overrides=OVERRIDES + [f"model.init_from={FIXTURE / 'pi05'}"]))
     batch = {k: jnp.asarray(v) for k, v in src.rows(0, 0, slice(None)).items()}

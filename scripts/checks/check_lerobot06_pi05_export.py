@@ -7,7 +7,8 @@ from the export give zerojax's actions for the same noise.
 What the LeRobot half checks:
 - `PI05Policy.from_pretrained(EXPORT, strict=True)` holds every tensor of model.safetensors as
   saved and no other (LeRobot's own strict load only prints a warning when it fails);
-- `make_pre_post_processors(config, pretrained_path=EXPORT)` loads the processor files; the
+- `make_pre_post_processors(config, pretrained_path=EXPORT)` loads the processor files (the
+  tokenizer step pointed at EXPORT/tokenizer, which it names relatively to the export); the
   normalizer's and unnormalizer's q01/q99 equal the dataset's meta/stats.json (as LeRobot reads it);
 - LeRobot's own `LeRobotDataset` items at INDICES equal the frames zerojax read (state, image, task);
 - the preprocessor (normalizer, the state-as-text step, the tokenizer the processor file names)
@@ -38,7 +39,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "tests" / "fixtures" / "lerobot06" / "dataset"
-TOKENIZER = ROOT / "tests" / "fixtures" / "lerobot06" / "tokenizer" / "tokenizer.json"
 INDICES = (0, 3, 6, 11, 15)  # episode starts and ends, and frames between
 STATE, ACTION, CAMERA = "observation.state", "action", "observation.images.cam0"
 TOLERANCE = 1e-4
@@ -59,9 +59,8 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     images = np.stack([ds.image(CAMERA, i, lerobot_frames.VideoReader()) for i in INDICES])
     obs = [{STATE: f[STATE], "prompt": f["task"], CAMERA: image} for f, image in zip(frames, images)]
     found = {}
-    for name, target, extra in (("run", run_dir, {}), ("export", export, {"tokenizer": str(TOKENIZER),
-                                                                          "vision_heads": 2})):
-        served = loaders.load(Path(target), num_steps=10, **extra)
+    for name, target in (("run", run_dir), ("export", export)):  # the export carries tokenizer and head count
+        served = loaders.load(Path(target), num_steps=10)
         rows = [served.batch(o) for o in obs]
         batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0] if not k.startswith("rtc_")}
         noise = np.random.default_rng(0).standard_normal((len(INDICES), *served.adapter.chunk(served.model_keys)))
@@ -104,7 +103,11 @@ def check_processors(policy, export: str):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.policies.factory import make_pre_post_processors
 
-    pre, post = make_pre_post_processors(policy.config, pretrained_path=export)
+    # the export's tokenizer step names its own copy relatively to the export, and LeRobot's
+    # AutoTokenizer.from_pretrained reads a relative name from the working directory: LeRobot's override
+    tokenizer_dir = {"tokenizer_name": str(Path(export) / "tokenizer")}
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=export,
+                                         preprocessor_overrides={"tokenizer_processor": tokenizer_dir})
     stats = LeRobotDataset("zerojax/pi05_tiny", root=DATASET).meta.stats
     for pipeline, step_name in ((pre, "NormalizerProcessorStep"), (post, "UnnormalizerProcessorStep")):
         step = next(s for s in pipeline.steps if type(s).__name__ == step_name)

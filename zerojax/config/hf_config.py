@@ -68,6 +68,9 @@ def lerobot_dir(directory) -> bool:
 
 
 LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "export", "openpi"  # what model.init_from can name
+# beside a zerojax export's config.json: what LeRobot's config.json has no field for (the model
+# keys no tensor's shape holds, the dataset's fps and feature names; `interop.lerobot.save`)
+ZEROJAX_FILE = "zerojax.json"
 
 
 def openpi_dir(directory) -> bool:
@@ -125,6 +128,7 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
     if not weights.is_file():
         raise ConfigError(f"model.init_from={directory!r}: a LeRobot {kind} policy without model.safetensors")
     _, layout = layouts[kind]
+    given = recorded_model_keys(directory, given)
     out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
     unrecorded_vision_heads(out, given, where)
     try:
@@ -132,6 +136,28 @@ def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
         ModelConfig(**out)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
+    return out
+
+
+def recorded_model_keys(directory, given: dict) -> dict:
+    """`given` with the model keys a zerojax export recorded in ZEROJAX_FILE beside its config.json
+    (the tower's head count); a key the user set wins."""
+    path = Path(directory) / ZEROJAX_FILE
+    if not path.is_file():
+        return given
+    recorded = read_json_object(path, "a zerojax export's record").get("model") or {}
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{path}: 'model' is a JSON {type(recorded).__name__}, not an object of model keys")
+    try:
+        recorded = _coerced("model", recorded, ModelConfig)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except KeyError as err:
+        raise ConfigError(f"{path}: {err.args[0]!r} is not a model key (model.* or a section's key)") from None
+    out = {**recorded, **given}
+    for key, value in recorded.items():  # a sub-section (model.vision): merged key by key
+        if isinstance(value, dict) and isinstance(given.get(key), dict):
+            out[key] = {**value, **given[key]}
     return out
 
 

@@ -24,6 +24,10 @@ In 0.3's, where the run started from a LeRobot 0.3 checkpoint (its config.json h
 model.safetensors. Tensors of the starting checkpoint that the model does not use (the expert's
 `lm_head`: π0 predicts velocities, not tokens) are copied from model.init_from while that
 directory is there; without it they are left out (LeRobot 0.3's non-strict load accepts that).
+The export stands alone: the run's tokenizer is copied into it (`lerobot_processors.TOKENIZER_DIR`,
+which its tokenizer step names relatively to the export), and ZEROJAX_FILE beside config.json
+records what LeRobot's config.json has no field for (the tower's head count, the dataset's fps and
+feature names), read back by `model.init_from` and `zerojax serve` of the export.
 
     cfg, model = zerojax.interop.lerobot.load(DIR)  # one device, fp32
     model.flow_loss(batch, noise, time)           # LeRobot's PI0FlowMatching.forward
@@ -39,8 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config import hf_model_keys, read_json_object
-from zerojax.config.hf_config import LEROBOT, init_source
+from zerojax.config.hf_config import LEROBOT, ZEROJAX_FILE, init_source
 from zerojax.config.normalization import V03_MODES, NormalizationMode
+from zerojax.data import corpus
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
@@ -144,6 +149,7 @@ class PolicyDir:
     prompt_len: int | None  # tokenizer_max_length (None: the model's)
     version: str
     pad_before: bool
+    fps: float = 0.0  # the dataset's frame rate where a zerojax export recorded it (ZEROJAX_FILE), else unknown
 
 
 def read_policy(directory) -> PolicyDir:
@@ -151,6 +157,8 @@ def read_policy(directory) -> PolicyDir:
     directory = Path(directory)
     where, config = str(directory), read_config(directory)
     features, norms = features_of(config, read_stats(directory), where)
+    fps, names = _recorded_dataset(directory)
+    features = {k: {**f, "names": names[k]} if names.get(k) is not None else f for k, f in features.items()}
     key = "resize_imgs_with_padding" if "resize_imgs_with_padding" in config else "image_resolution"  # 0.3, 0.4+
     resize = config.get(key)
     if resize is None or len(set(resize)) != 1:
@@ -161,21 +169,37 @@ def read_policy(directory) -> PolicyDir:
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.3" if not (directory / "policy_preprocessor.json").is_file() else
                      "0.6" if key == "image_resolution" else "0.4+",
-                     registry.pads_before(family) or image_padding(directory) == BEFORE)
+                     registry.pads_before(family) or image_padding(directory) == BEFORE, fps)
+
+
+def _recorded_dataset(directory: Path) -> tuple[float, dict]:
+    """(fps, {feature: names}) of the dataset a zerojax export's run trained on, as its ZEROJAX_FILE
+    records them (LeRobot's config.json holds neither); (0.0, {}) for any other directory."""
+    path = directory / ZEROJAX_FILE
+    if not path.is_file():
+        return 0.0, {}
+    doc = read_json_object(path, "a zerojax export's record")
+    fps, features = doc.get("fps", 0.0), doc.get("features") or {}
+    if (not isinstance(fps, (int, float)) or fps < 0 or not isinstance(features, dict)
+            or not all(isinstance(v, dict) for v in features.values())):
+        raise ConfigError(f"{path}: 'fps' must be a number >= 0 and 'features' an object of {{feature: {{\"names\": "
+                          f"[...]}}}}; got {fps!r} and {json.dumps(features)[:80]}")
+    return float(fps), {k: v.get("names") for k, v in features.items()}
 
 
 def named_tokenizer(directory) -> str | None:
     """The tokenizer.json a LeRobot policy directory names where it is at hand: its preprocessor's
     tokenizer step's `tokenizer_name` (what LeRobot tokenizes with; a zerojax export writes the
     run's data.tokenizer there), else its family's `LeRobotLayout.tokenizer` (SmolVLA's local
-    SmolVLM directory), each as a path from the current directory or one above the policy's; else None."""
+    SmolVLM directory), each as a path from the policy's directory (a zerojax export's
+    TOKENIZER_DIR), the current directory or one above the policy's; else None."""
     directory = Path(directory)
     config = read_config(directory)
     pipeline = directory / "policy_preprocessor.json"
     steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
     names = [s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict)]
-    for name in filter(None, names):
-        for base in (Path.cwd(), *directory.resolve().parents):
+    for name in filter(None, names):  # a zerojax export names its own copy, relatively to itself
+        for base in (directory.resolve(), Path.cwd(), *directory.resolve().parents):
             if (base / name / "tokenizer.json").is_file():
                 return str(base / name / "tokenizer.json")
     _, layout = registry.lerobot_layouts()[config["type"]]
@@ -220,7 +244,8 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
     data = {}
     if (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")
-        data = {"features": doc["features"], "modes": {k: v["mode"] for k, v in doc["normalization"].items()}}
+        data = {"features": doc["features"], "modes": {k: v["mode"] for k, v in doc["normalization"].items()},
+                "fps": doc.get("fps", 0.0)}
         stats = {k: {s: np.asarray(x, np.float32) for s, x in v.items() if s != "mode"}
                  for k, v in doc["normalization"].items()}
     return base, stats, data
@@ -328,6 +353,13 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
+    if tokenizer:  # the export carries it: there, before anything is written
+        try:
+            corpus.tokenizer_file(tokenizer)
+        except ConfigError:
+            raise ConfigError(f"{run_dir}: the export carries the run's tokenizer, but data.tokenizer={tokenizer!r} "
+                              f"holds no tokenizer.json (seen from {Path.cwd()}); put it back where the run's config "
+                              "names it, or export from the directory the run trained in") from None
     extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()} if v03 else {}
     steps = None if v03 else processors.steps_of(_kept_processors(run_dir), layout.processors and
                                                  layout.processors(config))
@@ -364,10 +396,25 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     padding = BEFORE if registry.pads_before(model["family"]) else CENTRED
     fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: padding}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
+    (tmp / ZEROJAX_FILE).write_text(json.dumps(_record(model, data), indent=4))
+    if tokenizer:  # the export carries its tokenizer, named relatively to itself
+        processors.copy_tokenizer(tokenizer, tmp / processors.TOKENIZER_DIR)
     if steps:
-        processors.write(tmp, config, stats, steps, tokenizer)
+        processors.write(tmp, config, stats, steps, processors.TOKENIZER_DIR if tokenizer else "")
     tmp.rename(out)  # the directory appears only once complete
-    return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()), len(tensors)
+
+
+def _record(model: dict, data: dict) -> dict:
+    """ZEROJAX_FILE's content: what LeRobot's config.json has no field for, read back by
+    `model.init_from` (`config.hf_config.recorded_model_keys`) and `zerojax serve` (`read_policy`):
+    the tower's head count (no tensor's shape holds it) and, where the run trained on a LeRobot
+    dataset, its fps and its features' names (the action names a robot maps the actions by)."""
+    out: dict = {"model": {"vision": {"n_heads": int(model["vision"]["n_heads"])}}}
+    if data:
+        out["fps"] = data["fps"]
+        out["features"] = {k: {"names": f.get("names")} for k, f in data["features"].items()}
+    return out
 
 
 def _kept_processors(run_dir: Path) -> dict:

@@ -7,8 +7,9 @@ saves them).
 The steps are those of the checkpoint the run started from where it kept them
 (RUN_DIR/lerobot_init/), else the family's defaults (`LeRobotLayout.processors`); the
 normalizers' features and modes are config.json's, their statistics the run's, the tokenizer's
-prompt length the model's and its tokenizer the run's data.tokenizer (its directory) where it
-has one.
+prompt length the model's and its tokenizer the export's own copy of the run's data.tokenizer
+(TOKENIZER_DIR, named relatively to the export, so it is served from any directory) where it has
+one. Every file is written as a new file of the umask's mode, as the run's own files are.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config.normalization import NormalizationMode
+from zerojax.data import corpus
 from zerojax.errors import ConfigError
 
 PRE, POST = "policy_preprocessor", "policy_postprocessor"
@@ -57,17 +59,28 @@ def check_stats(config: dict, stats: dict) -> dict:
     return out
 
 
-def tokenizer_dir(tokenizer: str) -> str:
-    """The directory the tokenizer step names for a run's data.tokenizer (a tokenizer.json or its
-    directory, as the user gave it): transformers' AutoTokenizer loads a directory."""
-    return str(Path(tokenizer).parent) if Path(tokenizer).is_file() else tokenizer
+TOKENIZER_DIR = "tokenizer"  # an export's copy of the run's tokenizer, named by its tokenizer step
+# what transformers' AutoTokenizer reads of a tokenizer directory, copied where the run's has them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "added_tokens.json", "chat_template.jinja")
+
+
+def copy_tokenizer(tokenizer: str, out: Path) -> None:
+    """The run's data.tokenizer (a tokenizer.json, or its directory) into directory `out`: its
+    tokenizer.json and the files beside it that AutoTokenizer reads (ConfigError if it is gone)."""
+    source = corpus.tokenizer_file(tokenizer).parent
+    out.mkdir()
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            (out / name).write_bytes((source / name).read_bytes())  # a new file: the umask's mode, as the run's
 
 
 def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokenizer: str = "") -> None:
     """The two pipelines' JSON and their normalizers' statistics into directory `out`; the
-    tokenizer step names `tokenizer`'s directory where the run tokenized with one (data.tokenizer:
-    LeRobot must tokenize the prompt as the model learnt it), else keeps the name it had."""
-    from safetensors.numpy import save_file
+    tokenizer step names `tokenizer`, the export's copy of the run's data.tokenizer (TOKENIZER_DIR,
+    relative to the export: LeRobot must tokenize the prompt as the model learnt it), where the run
+    tokenized with one, else keeps the name it had."""
+    from safetensors.numpy import save
 
     flat = {f"{feature}.{stat}": value for feature, values in check_stats(config, stats).items()
             for stat, value in values.items()}
@@ -81,11 +94,12 @@ def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokeni
             if step["registry_name"] in NORMALIZERS:
                 step["config"].update(features=features[step["registry_name"]], norm_map=config.get("normalization_mapping") or {})
                 step["state_file"] = f"{name}_step_{i}_{NORMALIZERS[step['registry_name']]}.safetensors"
-                save_file(flat, out / step["state_file"])
+                # bytes written here, not save_file: safetensors 0.8 makes its files 0600
+                (out / step["state_file"]).write_bytes(save(flat))
             elif step["registry_name"] == "tokenizer_processor":
                 step["config"]["max_length"] = config["tokenizer_max_length"]
                 if tokenizer:
-                    step["config"]["tokenizer_name"] = tokenizer_dir(tokenizer)
+                    step["config"]["tokenizer_name"] = tokenizer
             written.append(step)
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": written}, indent=2))
 

@@ -116,9 +116,11 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     """A LeRobot policy directory served as LeRobot's `select_action` answers, with what
     `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW shapes read
     as HWC frames), normalization, image padding (top and left: LeRobot 0.3.x's π0 and SmolVLA;
-    centred: 0.4+'s π0 and π0.5, openpi) and prompt length. `tokenizer`, a tokenizer.json, or the
-    one the directory names where it is at hand (`interop.lerobot.named_tokenizer`); LeRobot's π0
-    fetches PaliGemma's from the Hub, which its directory does not hold."""
+    centred: 0.4+'s π0 and π0.5, openpi) and prompt length, and where a zerojax export recorded them
+    (interop.lerobot.ZEROJAX_FILE) the dataset's fps and feature names and the tower's head count.
+    `tokenizer`, a tokenizer.json, or the one the directory names where it is at hand
+    (`interop.lerobot.named_tokenizer`: a zerojax export's own copy); LeRobot's π0 fetches
+    PaliGemma's from the Hub, which its directory does not hold."""
     from zerojax.interop import lerobot as lerobot_io
 
     where = str(directory)
@@ -144,4 +146,4 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
         raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
     return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
                         found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
-                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before)
+                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps)
