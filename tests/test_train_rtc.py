@@ -117,3 +117,46 @@ def test_stage_3_on_8_devices_gives_one_devices_losses(family, tmp_path):
 def test_a_delay_as_long_as_the_chunk_is_refused():
     with pytest.raises(ValueError, match="model.action.train_delay=4 must be smaller than model.action.horizon=4"):
         config.load(overrides=overrides("pi0", 4))
+
+
+# -- serving a run trained with a delay: the prefix filled from prev_actions, no guidance ------------
+
+@pytest.fixture(scope="module")
+def served_trained(tmp_path_factory):
+    from test_serve import TRAIN
+
+    from zerojax import cli
+    from zerojax.serve import loaders
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    trained = TRAIN + ["model.action.horizon=4", "data.action_horizon=4", "model.action.train_delay=2"]
+    assert cli.main(["train", "--no-progress", *trained, f"train.out_dir={out}", "mesh.data=1", "zero.stage=0",
+                     "zero.schedule=gspmd"]) == 0
+    policy = out.parent / "policy.safetensors"
+    assert cli.main(["export", str(out), "--out", str(policy)]) == 0
+    return loaders.load(policy, num_steps=3)  # an export says how its run was trained (its config)
+
+
+def robot_observation(served, seed=0):
+    rng = np.random.default_rng(seed)
+    obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
+    obs.update({c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
+    return obs
+
+
+def test_a_trained_run_keeps_the_given_actions_and_refuses_a_longer_delay(served_trained):
+    from zerojax.serve.observation import ObservationError
+
+    served, obs = served_trained, robot_observation(served_trained)
+    assert served.metadata()["real_time_chunking"] == {"kind": "trained", "max_inference_delay": 2}
+    plain = served.infer(obs, 3)["actions"]
+    leftover = served.infer(obs, 4)["actions"][1:]  # another chunk, one action of it already done
+    for d in (1, 2):
+        got = served.infer({**obs, "prev_actions": leftover, "inference_delay": d}, 3)["actions"]
+        np.testing.assert_allclose(got[:d], leftover[:d], atol=1e-5)  # in the robot's units
+        assert np.abs(got[d:] - plain[d:]).max() > 1e-6  # the rest is conditioned on them
+    np.testing.assert_array_equal(served.infer({**obs, "prev_actions": leftover, "inference_delay": 0}, 3)["actions"],
+                                  plain)
+    with pytest.raises(ObservationError, match=r"'inference_delay'=3 is more than this run was trained to be given "
+                                               r"\(model.action.train_delay=2\)"):
+        served.infer({**obs, "prev_actions": leftover, "inference_delay": 3}, 3)
