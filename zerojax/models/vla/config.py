@@ -36,9 +36,7 @@ class ActionConfig:
     action_dim: int = 0  # the real action dimensions, the loss's (0 = max_action_dim)
     cameras: int = 1  # images per row (a missing one is masked)
     prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
-    # training-time real-time chunking (Black et al. 2025): each row's first d ~ U{0..D} actions given
-    # clean (time 0) and out of the loss; serve fills them from prev_actions (0 = off; LeRobot's rtc_training_max_delay)
-    train_delay: int = 0
+    train_delay: int = 0  # D: training-time RTC, each row's first d ~ U{0..D} actions given clean (0 = off)
 
     def __post_init__(self):
         for key in ("horizon", "max_state_dim", "max_action_dim", "cameras", "prompt_len"):
