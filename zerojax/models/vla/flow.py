@@ -11,7 +11,9 @@ step, row), so the loss is the same on any mesh and any train.grad_accum. The lo
 (u_t - v_t)^2 over the real action dimensions of the steps inside the episode; `flow_loss`
 returns LeRobot's unreduced losses [B, H, max_action_dim]. `sample_actions` integrates from t = 1
 to 0 with Euler steps (real-time chunking's guidance, `rtc`, optional), the prefix's keys and
-values computed once.
+values computed once. With model.action.train_delay (training-time real-time chunking, `rtc`),
+the batch also carries each row's `delay` d: its first d actions are given clean (time 0 per
+token, `token_time`) and are not in the loss, and `sample_actions` can be given them.
 
 Two stacks, run in order (the unit protocol):
 
