@@ -108,10 +108,7 @@ def test_stage_3_on_8_devices_gives_one_devices_losses(family, tmp_path):
     one, _ = run(overrides(family, 2) + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
                                          f"train.out_dir={tmp_path / 'one'}"])
     eight, _ = run(overrides(family, 2) + ["zero.stage=3", "train.grad_accum=2", f"train.out_dir={tmp_path / 'eight'}"])
-    np.testing.assert_allclose(eight, one, rtol=1e-5)
-    plain, _ = run(overrides(family, 0) + ["mesh.data=1", "zero.stage=0", "zero.schedule=gspmd",
-                                           f"train.out_dir={tmp_path / 'plain'}"])
-    assert np.abs(plain - one).max() > 1e-5  # the delay is in the loss
+    np.testing.assert_allclose(eight, one, rtol=1e-5)  # each row's delay is its own, wherever it is computed
 
 
 def test_a_delay_as_long_as_the_chunk_is_refused():
