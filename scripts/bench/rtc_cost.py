@@ -4,11 +4,12 @@ policy: no RTC, inference-time RTC (LeRobot's guidance, and the paper's through 
 product), and training-time RTC (the first d actions given, `model.action.train_delay`). Each
 request carries the previous chunk's leftover and `inference_delay` = d. Prints the median and the
 95th percentile of `ServedPolicy.infer` (observation in, actions out; no websocket) over R requests
-after the warm-up, as a Markdown table.
+after the warm-up, the kinds interleaved request by request, as a Markdown table.
 
-    .venv/bin/python scripts/bench/rtc_cost.py [--requests 50] [--delay 4]
+    .venv/bin/python scripts/bench/rtc_cost.py [--requests 50] [--delay 2]
 
-The policy is the tiny LeRobot π0 of tests/fixtures/lerobot/pi0 (two cameras, 10 Euler steps).
+The policy is the tiny LeRobot π0 of tests/fixtures/lerobot/pi0 (two cameras, chunks of 4, 10 Euler
+steps), or `--policy RUN_DIR` a run's; the leftover is the last H - d actions of a chunk.
 The cost of a kind does not depend on the weights, so the training-time row serves the same
 weights with train_delay set (what a run trained with model.action.train_delay=d would run): it
 times the sampler, it says nothing of the actions' quality. zerojax's own venv runs it; this
@@ -43,26 +44,34 @@ def observation(served, rng) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=50)
-    parser.add_argument("--delay", type=int, default=4)
+    parser.add_argument("--delay", type=int, default=2)  # the fixture's chunks are 4 long
+    parser.add_argument("--policy", help="a run directory or export (default: the LeRobot fixture)")
     args = parser.parse_args()
+    if args.policy:
+        target, where = Path(args.policy), {}
+    else:
+        target, where = FIXTURE / "pi0", {"tokenizer": str(FIXTURE / "pi0_tokenizer.json"), "vision_heads": 2}
+    policies, rng = {}, np.random.default_rng(0)
+    for kind, extra in KINDS.items():
+        served = loaders.load(target, num_steps=10, **where, **extra)
+        served.train_delay = args.delay if kind == "training-time RTC" else 0  # before the first trace
+        leftover = served.infer(observation(served, rng), 0)["actions"][args.delay:]
+        asked = {} if kind == "none" else {"prev_actions": leftover, "inference_delay": args.delay}
+        served.infer({**observation(served, rng), **asked}, 1)  # compiles
+        policies[kind] = served, asked
+    # the kinds interleaved, request by request, so that the machine's other load falls on all alike
+    times = {kind: [] for kind in KINDS}
+    for request in range(args.requests):
+        obs = observation(served, rng)
+        for kind in list(KINDS)[request % len(KINDS):] + list(KINDS)[:request % len(KINDS)]:
+            served, asked = policies[kind]
+            start = time.perf_counter()
+            served.infer({**obs, **asked}, request)
+            times[kind].append((time.perf_counter() - start) * 1e3)
     print(f"| kind (d = {args.delay}) | median ms | p95 ms |")
     print("|---|---|---|")
-    for kind, extra in KINDS.items():
-        served = loaders.load(FIXTURE / "pi0", num_steps=10, tokenizer=str(FIXTURE / "pi0_tokenizer.json"),
-                              vision_heads=2, **extra)
-        served.train_delay = args.delay if kind == "training-time RTC" else 0  # before the first trace
-        rng = np.random.default_rng(0)
-        obs = observation(served, rng)
-        leftover = served.infer(obs, 0)["actions"][args.delay:]
-        asked = {} if kind == "none" else {"prev_actions": leftover, "inference_delay": args.delay}
-        served.infer({**obs, **asked}, 1)  # compiles
-        times = []
-        for request in range(args.requests):
-            start = time.perf_counter()
-            served.infer({**observation(served, rng), **asked}, request)
-            times.append((time.perf_counter() - start) * 1e3)
-        print(f"| {kind} | {np.median(times):.1f} | {np.percentile(times, 95):.1f} |")
-
+    for kind, ms in times.items():
+        print(f"| {kind} | {np.median(ms):.2f} | {np.percentile(ms, 95):.2f} |")
 
 if __name__ == "__main__":
     main()
