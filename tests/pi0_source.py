@@ -1,5 +1,5 @@
 """A π0 data source of the test's own (`data.source=pi0_source:build`): random cameras, prompts,
-states and action chunks, with flow matching's noise and time per (seed, split, step, row)
+states and action chunks, with flow matching's noise, time (and delay) per (seed, split, step, row)
 (`zerojax.models.vla.batch.noise_and_time`), in the batch `zerojax.models.pi0.model` reads."""
 
 from dataclasses import dataclass
@@ -25,13 +25,14 @@ class Robot:
                 "state": data.Field((B, a.max_state_dim), "float32"),
                 "actions": data.Field((B, a.horizon, a.max_action_dim), "float32"),
                 "action_is_pad": data.Field((B, a.horizon), "bool"),
-                "noise": data.Field((B, a.horizon, a.max_action_dim), "float32"), "time": data.Field((B,), "float32")}
+                "noise": data.Field((B, a.horizon, a.max_action_dim), "float32"), "time": data.Field((B,), "float32"),
+                **({"delay": data.Field((B,), "int32")} if a.train_delay else {})}
 
     def rows(self, split, step, rows):
         m, seed = self.cfg.model, self.cfg.train.seed
         spec = self.spec()
         index = range(*rows.indices(spec["time"].shape[0]))
-        out = {k: [] for k in spec if k not in ("noise", "time")}
+        out = {k: [] for k in spec if k not in ("noise", "time", "delay")}
         for row in index:
             rng = np.random.default_rng((seed, split, step, row))
             one = {
@@ -46,8 +47,8 @@ class Robot:
             for k, v in one.items():
                 out[k].append(v)
         batch = {k: np.stack(v) for k, v in out.items()}
-        batch["noise"], batch["time"] = noise_and_time(seed, split, step, index, m.action.horizon,
-                                                       m.action.max_action_dim)
+        batch.update(noise_and_time(seed, split, step, index, m.action.horizon, m.action.max_action_dim,
+                                    m.action.train_delay))
         return batch
 
 

@@ -100,6 +100,10 @@ def _policy(args):
 
     served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
                              rtc_jacobian=args.rtc_jacobian)
+    if args.rtc and served.train_delay and args.delay > served.train_delay:
+        raise UsageError(f"--delay {args.delay} with --rtc: the run was trained to be given at most "
+                         f"{served.train_delay} actions (model.action.train_delay={served.train_delay}); "
+                         f"give --delay from 0 to {served.train_delay}")
     size = metaworld.check_features(served.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay
     if args.delay > n_action_steps:

@@ -13,6 +13,11 @@ connections together) draws jax.random.normal(fold_in(key(seed), n), [1, *chunk]
 adapter names ([H, max_action_dim] for π0), so a restarted server answers the same requests with
 the same actions. The actions are cut to the dataset's action width and unnormalized with the
 run's statistics: float32 [H, D_a].
+
+A request with `prev_actions` and `inference_delay` = d (real-time chunking) is answered by the
+run's kind: a run trained with model.action.train_delay = D > 0 (training-time RTC) is given the
+first d of them, d <= D, held exactly in its chunk (`sample_actions(prefix_actions, delay)`: no
+guidance); a run trained without it is guided by them (inference-time RTC, `rtc.Guide`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from flax import nnx
 
 from zerojax.models.vla import rtc
 from zerojax.models.family import ACTION, STATE
-from zerojax.serve.observation import Observations
+from zerojax.serve.observation import ObservationError, Observations
 
 
 @dataclass
@@ -61,15 +66,21 @@ class ServedPolicy:
         self.cameras, self.state_dim, self.action_dim = seen.cameras, seen.state_dim, seen.action_dim
         self.adapter, self.pad_before, self.horizon = seen.adapter, seen.pad_before, seen.horizon
         graphdef, self.params = nnx.split(self.model)
+        # training-time real-time chunking's capacity (0: the run is guided, inference-time RTC)
+        self.train_delay = int(self.model_keys.get("action", {}).get("train_delay", 0))
         shape = (1, self.horizon, seen.chunk_width)
 
         def noise(request):
             return jax.random.normal(jax.random.fold_in(jax.random.key(self.seed), request), shape, jnp.float32)
 
         def sample(params, batch, noise):
-            batch = dict(batch)  # a row without a leftover has weights 0: its velocity is left as it is
+            batch, model = dict(batch), nnx.merge(graphdef, params)
+            if self.train_delay:  # a row given nothing has delay 0: it samples as without it
+                return model.sample_actions(batch, noise, self.num_steps, prefix_actions=batch.pop("prefix_actions"),
+                                            delay=batch.pop("prefix_delay"))
+            # a row without a leftover has weights 0: its velocity is left as it is
             guide = rtc.Guide(batch.pop("rtc_leftover"), batch.pop("rtc_weights"), jacobian=self.rtc_jacobian)
-            return nnx.merge(graphdef, params).sample_actions(batch, noise, self.num_steps, guide=guide)
+            return model.sample_actions(batch, noise, self.num_steps, guide=guide)
 
         self._noise, self._sample = jax.jit(noise), jax.jit(sample)
 
@@ -88,7 +99,9 @@ class ServedPolicy:
         return {"policy": f"zerojax {self.model_keys['family']}", "run": self.where, "observation": observation,
                 "action_horizon": self.horizon, "action_dim": self.action_dim,
                 "action_names": self.features[ACTION].get("names"), "fps": self.fps, "num_steps": self.num_steps,
-                "seed": self.seed, "max_message_bytes": self.max_message_bytes}
+                "seed": self.seed, "max_message_bytes": self.max_message_bytes,
+                "real_time_chunking": ({"kind": "trained", "max_inference_delay": self.train_delay} if self.train_delay
+                                       else {"kind": "guided"})}
 
     def batch(self, obs) -> dict:
         """The family's batch of one row for the observation, as training builds its rows, with
@@ -97,10 +110,17 @@ class ServedPolicy:
         return {**self.observations.row(raw), **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0))}
 
     def rtc_row(self, leftover, delay: int) -> dict:
-        """The row's real-time-chunking guide: the leftover normalized as the actions were, padded."""
+        """The row's real-time chunking: the leftover normalized as the actions were, padded; the
+        guide's weights, or (a run trained with train_delay) the prefix given and its length."""
         x = None if leftover is None else self.observations.normalized_actions(leftover)
         padded, weights = rtc.leftover_rows(x, delay, self.rtc_horizon, self.horizon, self.observations.chunk_width)
-        return {"rtc_leftover": padded[None], "rtc_weights": weights[None]}
+        if not self.train_delay:
+            return {"rtc_leftover": padded[None], "rtc_weights": weights[None]}
+        if delay > self.train_delay:
+            raise ObservationError(f"observation: 'inference_delay'={delay} is more than this run was trained to be "
+                                   f"given (model.action.train_delay={self.train_delay}); send an inference_delay "
+                                   f"from 0 to {self.train_delay}, or serve a run trained with a larger train_delay")
+        return {"prefix_actions": padded[None], "prefix_delay": np.asarray([0 if x is None else delay], np.int32)}
 
     def noise(self, request: int) -> jax.Array:
         """The noise of request number `request` (module docstring): [1, *chunk]."""

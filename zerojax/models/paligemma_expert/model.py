@@ -14,7 +14,7 @@ The expert's norms are Gemma's RMSNorm (π0), or adaptive (π0.5: `AdaRMSNorm`, 
 own: a dense W -> 3W, zero-initialised, of the flow's time condition gives scale, shift and gate;
 the norm's output is rmsnorm(x)·(1 + scale) + shift in fp32, and each residual adds y·gate). The
 carried dict is {"prefix": [B, P, D], "suffix": [B, S, W], "pad": bool [B, P+S], "ar": int32
-[B, P+S]}, and "cond" [B, W] with adaptive norms.
+[B, P+S]}, and "cond" [B, W] with adaptive norms ([B, S, W]: a time per action token).
 
 Shapes: B batch, P prefix, S suffix, H action horizon, A max_action_dim, D VLM width, W expert
 width, E vision width, Q query heads, K head dim, L layers.
@@ -56,10 +56,12 @@ class AdaRMSNorm(nnx.Module):
         self.dense = nnx.Linear(width, 3 * width, dtype=policy.compute, param_dtype=policy.param,
                                 kernel_init=nnx.initializers.zeros, bias_init=nnx.initializers.zeros, rngs=rngs)
 
-    def __call__(self, x_BLW: jax.Array, cond_BW: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x_BLW: jax.Array, cond: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """cond: [B, W] for every token, or [B, L, W] one per token (a time per action token)."""
         x = x_BLW.astype(jnp.float32)
         normed = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        scale, shift, gate = jnp.split(self.dense(cond_BW)[:, None], 3, axis=-1)
+        modulation = self.dense(cond)
+        scale, shift, gate = jnp.split(modulation[:, None] if cond.ndim == 2 else modulation, 3, axis=-1)
         out = normed * (1 + scale.astype(jnp.float32)) + shift.astype(jnp.float32)
         return out.astype(x_BLW.dtype), gate.astype(x_BLW.dtype)
 

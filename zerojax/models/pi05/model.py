@@ -9,7 +9,7 @@ flow-matching policy (`vla.flow`); π0.5's own are:
     the suffix    only the H action tokens, action_in_proj(x_t): no state token, no action-time MLP
     the time      cond = swish(time_mlp_out(swish(time_mlp_in(sincos(t))))), [B, W], carried as
                   "cond" to the expert's adaptive norms; the final norm is adaptive too, its gate
-                  dropped
+                  dropped. With a time per action token (model.action.train_delay), [B, H, W]
     sampling      LeRobot 0.6.1's Euler grid (t = 1 + k·dt in float64)
 
 The adaptive norms' dense layers are parameters of the joint layer (`layers/expert/...`), so a
@@ -28,7 +28,7 @@ from zerojax.models.family import POLICY, Family
 from zerojax.models.paligemma_expert.model import (AdaRMSNorm, PaliGemmaWithExpert, Shape, check_config, components,
                                                    )
 from zerojax.models.pi05 import batch, lerobot, openpi
-from zerojax.models.vla.layers import linear, time_embedding
+from zerojax.models.vla.layers import linear, token_time_embedding
 from zerojax.precision import Policy
 
 BATCH = ("images", "image_masks", "tokens", "token_mask", "actions", "action_is_pad", "noise", "time")
@@ -56,10 +56,11 @@ class Pi05(PaliGemmaWithExpert):
         self.time_mlp_in = linear(W, W, policy, rngs)
         self.time_mlp_out = linear(W, W, policy, rngs)
 
-    def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time_B: jax.Array) -> dict:
-        """The action tokens action_in_proj(x_t) [B, H, W] and the time's condition [B, W]."""
+    def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time: jax.Array) -> dict:
+        """The action tokens action_in_proj(x_t) [B, H, W] and the time's condition: [B, W] of the
+        row's time, or [B, H, W] of each token's (training-time RTC, LeRobot's per-token adarms_cond)."""
         actions = self.action_in_proj(x_t_BHA)
-        times = time_embedding(time_B, actions.shape[-1]).astype(actions.dtype)
+        times = token_time_embedding(time, actions.shape[-1]).astype(actions.dtype)
         cond = jax.nn.silu(self.time_mlp_out(jax.nn.silu(self.time_mlp_in(times))))
         return {"suffix": actions, "cond": cond}
 

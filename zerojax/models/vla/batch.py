@@ -13,6 +13,7 @@ the dict the policy reads (`pi0.model.BATCH`, batch axis first):
     action_is_pad bool    [B, H]               (steps past the episode's end: no loss)
     noise         float32 [B, H, max_action_dim]
     time          float32 [B]                  t ~ Beta(1.5, 1)·0.999 + 0.001
+    delay         int32   [B]                  d ~ U{0..D}, with model.action.train_delay = D > 0 only
 
 The cameras are stacked (a camera the dataset lacks all -1 and masked, as LeRobot's
 `prepare_images` fills an empty camera), the state and the action chunk zero-padded to model.action.max_state_dim / max_action_dim, and each row's
@@ -22,7 +23,11 @@ build the observation here alike.
 Flow matching's randomness is data: each row's noise and time are a pure function of (seed,
 split, step, row), so that a step's loss is the same on any mesh, any number of processes and any
 train.grad_accum (every row draws its own, wherever it is computed): t ~ Beta(1.5, 1)·0.999 +
-0.001 and noise ~ N(0, I), as LeRobot's and openpi's π0 sample them.
+0.001 and noise ~ N(0, I), as LeRobot's and openpi's π0 sample them. With training-time real-time
+chunking (model.action.train_delay = D > 0) each row also draws its delay d, uniform on {0, ..., D}
+as LeRobot's π0.5 draws it (`_sample_training_rtc_prefix_mask`, torch.randint(0, D + 1)), from the
+same generator after the noise, so that the noise and time are those of D = 0 (`vla.flow`: the
+first d actions are given clean and left out of the loss).
 
 The data keys and the model keys must agree (data.action_horizon = model.action.horizon,
 data.prompt_len = model.action.prompt_len, data.image_size = model.vision.image_size), and the
@@ -42,16 +47,20 @@ from zerojax.models.family import ACTION, CAMERA, STATE, Field, PolicyAdapter
 STREAM = 7  # a generator stream of its own, apart from the rows' (data.TRAIN, data.EVAL)
 
 
-def noise_and_time(seed: int, split: int, step: int, rows: range, horizon: int, action_dim: int):
-    """(noise float32 [len(rows), horizon, action_dim], time float32 [len(rows)]) for those rows
-    of the global batch of `step`."""
+def noise_and_time(seed: int, split: int, step: int, rows: range, horizon: int, action_dim: int,
+                   max_delay: int = 0) -> dict:
+    """{"noise": float32 [len(rows), horizon, action_dim], "time": float32 [len(rows)]} for those
+    rows of the global batch of `step`, and "delay" int32 [len(rows)] where max_delay > 0."""
     noise = np.empty((len(rows), horizon, action_dim), np.float32)
     time = np.empty(len(rows), np.float32)
+    delay = np.zeros(len(rows), np.int32)
     for k, row in enumerate(rows):
         rng = np.random.default_rng((seed, STREAM, split, step, row))
         time[k] = rng.beta(1.5, 1.0) * 0.999 + 0.001
         noise[k] = rng.standard_normal((horizon, action_dim), np.float32)
-    return noise, time
+        if max_delay:  # drawn last: the noise and time are D = 0's
+            delay[k] = rng.integers(0, max_delay + 1)
+    return {"noise": noise, "time": time, **({"delay": delay} if max_delay else {})}
 
 
 def check(cfg, features: dict) -> None:
@@ -88,7 +97,8 @@ def spec(cfg, features: dict) -> dict:
             "state": Field((B, a.max_state_dim), "float32"),
             "actions": Field((B, a.horizon, a.max_action_dim), "float32"),
             "action_is_pad": features["action_is_pad"],
-            "noise": Field((B, a.horizon, a.max_action_dim), "float32"), "time": Field((B,), "float32")}
+            "noise": Field((B, a.horizon, a.max_action_dim), "float32"), "time": Field((B,), "float32"),
+            **({"delay": Field((B,), "int32")} if a.train_delay else {})}
 
 
 def widest(cfg) -> dict:
@@ -131,10 +141,10 @@ class PolicyRows:
     def rows(self, split: int, step: int, rows: slice) -> dict:
         raw, a = self.source.rows(split, step, rows), self.cfg.model.action
         bounds = rows.indices(self._spec["time"].shape[0])
-        noise, time = noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon, a.max_action_dim)
+        flow = noise_and_time(self.cfg.train.seed, split, step, range(*bounds), a.horizon, a.max_action_dim,
+                              a.train_delay)
         return {**self.observe(raw, self.cameras, self.model, self.tokenizer),
-                "actions": pad_last(raw[ACTION], a.max_action_dim), "action_is_pad": raw["action_is_pad"],
-                "noise": noise, "time": time}
+                "actions": pad_last(raw[ACTION], a.max_action_dim), "action_is_pad": raw["action_is_pad"], **flow}
 
 
 def rows_of(batch_spec, observe):

@@ -36,11 +36,17 @@ class ActionConfig:
     action_dim: int = 0  # the real action dimensions, the loss's (0 = max_action_dim)
     cameras: int = 1  # images per row (a missing one is masked)
     prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
+    train_delay: int = 0  # D: training-time RTC, each row's first d ~ U{0..D} actions given clean (0 = off)
 
     def __post_init__(self):
         for key in ("horizon", "max_state_dim", "max_action_dim", "cameras", "prompt_len"):
             at_least(f"model.action.{key}", getattr(self, key), 1)
         at_least("model.action.action_dim", self.action_dim, 0)
+        at_least("model.action.train_delay", self.train_delay, 0)
+        if self.train_delay >= self.horizon:  # LeRobot's rule: a chunk keeps at least one action to learn
+            raise ConfigError(f"model.action.train_delay={self.train_delay} must be smaller than model.action.horizon="
+                              f"{self.horizon} (a row's first d <= train_delay actions are given, the rest learnt); "
+                              f"lower it")
         if self.action_dim > self.max_action_dim:
             raise ConfigError(f"model.action.action_dim={self.action_dim} is larger than model.action.max_action_dim="
                               f"{self.max_action_dim}; raise max_action_dim (the actions are padded to it)")

@@ -11,7 +11,9 @@ step, row), so the loss is the same on any mesh and any train.grad_accum. The lo
 (u_t - v_t)^2 over the real action dimensions of the steps inside the episode; `flow_loss`
 returns LeRobot's unreduced losses [B, H, max_action_dim]. `sample_actions` integrates from t = 1
 to 0 with Euler steps (real-time chunking's guidance, `rtc`, optional), the prefix's keys and
-values computed once.
+values computed once. With model.action.train_delay (training-time real-time chunking, `rtc`),
+the batch also carries each row's `delay` d: its first d actions are given clean (time 0 per
+token, `token_time`) and are not in the loss, and `sample_actions` can be given them.
 
 Two stacks, run in order (the unit protocol):
 
@@ -42,7 +44,7 @@ from flax import nnx
 
 from zerojax.models import attention, protocol, siglip
 from zerojax.models.vla import rtc
-from zerojax.models.vla.layers import linear, time_embedding
+from zerojax.models.vla.layers import linear, token_time_embedding
 from zerojax.precision import Policy
 
 
@@ -121,8 +123,9 @@ class FlowMatchingPolicy(nnx.Module):
         """The suffix's autoregressive flags (1 starts a block the tokens before it do not see)."""
         raise NotImplementedError
 
-    def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time_B: jax.Array) -> dict:
-        """What the units carry for the suffix: {"suffix": [B, S, W], and any condition}."""
+    def suffix_of(self, batch: dict, x_t_BHA: jax.Array, time: jax.Array) -> dict:
+        """What the units carry for the suffix: {"suffix": [B, S, W], and any condition}; the time
+        per row [B], or per action token [B, H] (`token_time`)."""
         raise NotImplementedError
 
     def velocity(self, x: dict) -> jax.Array:
@@ -140,10 +143,12 @@ class FlowMatchingPolicy(nnx.Module):
         self.action_time_mlp_in = linear(2 * W, W, policy, rngs)
         self.action_time_mlp_out = linear(W, W, policy, rngs)
 
-    def action_time_tokens(self, x_t_BHA: jax.Array, time_B: jax.Array) -> jax.Array:
-        """The H action tokens action_time_mlp(action_in_proj(x_t) ++ sin/cos time), [B, H, W]."""
+    def action_time_tokens(self, x_t_BHA: jax.Array, time: jax.Array) -> jax.Array:
+        """The H action tokens action_time_mlp(action_in_proj(x_t) ++ sin/cos time), [B, H, W]; the
+        time per row [B], or per token [B, H] (`token_time`)."""
         actions = self.action_in_proj(x_t_BHA)
-        times = jnp.broadcast_to(time_embedding(time_B, actions.shape[-1])[:, None].astype(actions.dtype),
+        embedded = token_time_embedding(time, actions.shape[-1])
+        times = jnp.broadcast_to((embedded if time.ndim == 2 else embedded[:, None]).astype(actions.dtype),
                                  actions.shape)
         return self.action_time_mlp_out(jax.nn.silu(self.action_time_mlp_in(jnp.concatenate([actions, times], -1))))
 
@@ -156,7 +161,7 @@ class FlowMatchingPolicy(nnx.Module):
 
     def between(self, name: str, x_ENE: jax.Array, batch: dict) -> dict:
         prefix, prefix_pad = self.embed_prefix(x_ENE, batch)
-        suffix = self.suffix_of(batch, self.noisy_actions(batch), batch["time"])
+        suffix = self.suffix_of(batch, self.noisy_actions(batch), self.token_time(batch))
         B, P, S = prefix.shape[0], prefix.shape[1], suffix["suffix"].shape[1]
         pad = jnp.concatenate([prefix_pad, jnp.ones((B, S), bool)], axis=1)
         ar = jnp.broadcast_to(jnp.asarray(self.prefix_ar(P) + self.suffix_ar(), jnp.int32), (B, P + S))
@@ -184,8 +189,19 @@ class FlowMatchingPolicy(nnx.Module):
         return jnp.concatenate([images, lang.astype(images.dtype)], axis=1), pad
 
     @staticmethod
-    def noisy_actions(batch: dict) -> jax.Array:
-        t = batch["time"][:, None, None]
+    def token_time(batch: dict) -> jax.Array:
+        """The flow's time of each row [B]; with a "delay" (training-time real-time chunking), of
+        each action token [B, H]: 0 on the row's first `delay` actions, given clean."""
+        if "delay" not in batch:
+            return batch["time"]
+        return rtc.prefix_time(batch["time"], batch["delay"], batch["actions"].shape[1])
+
+    @classmethod
+    def noisy_actions(cls, batch: dict) -> jax.Array:
+        """x_t = t·noise + (1 - t)·actions, t per row or per token (`token_time`): the given prefix's
+        actions are exactly the clean ones (t = 0)."""
+        time = cls.token_time(batch)
+        t = time[:, None, None] if time.ndim == 1 else time[:, :, None]
         return t * batch["noise"] + (1 - t) * batch["actions"]
 
     def losses(self, x: dict, batch: dict) -> jax.Array:
@@ -194,9 +210,12 @@ class FlowMatchingPolicy(nnx.Module):
         return jnp.square(u_t.astype(jnp.float32) - self.velocity(x))
 
     def loss_mask(self, batch: dict, shape) -> jax.Array:
-        """1 on the real action dimensions of the steps inside the episode, else 0 (fp32)."""
+        """1 on the real action dimensions of the steps inside the episode (and, with a "delay",
+        past the row's given prefix: LeRobot's postfix-only loss), else 0 (fp32)."""
         real_A = jnp.arange(shape[-1]) < self.shape.action_dim
         inside_BH = ~batch["action_is_pad"].astype(bool) if "action_is_pad" in batch else jnp.ones(shape[:2], bool)
+        if "delay" in batch:
+            inside_BH = inside_BH & (jnp.arange(shape[1])[None] >= batch["delay"][:, None])
         return (inside_BH[..., None] & real_A).astype(jnp.float32)
 
     # -- one device: checks against the reference, sampling -----------------------------------
@@ -209,10 +228,20 @@ class FlowMatchingPolicy(nnx.Module):
         return self.losses(x, batch)
 
     def sample_actions(self, batch: dict, noise: jax.Array, num_steps: int | None = None,
-                       guide: rtc.Guide | None = None) -> jax.Array:
+                       guide: rtc.Guide | None = None, prefix_actions: jax.Array | None = None,
+                       delay: jax.Array | None = None) -> jax.Array:
         """Actions [B, H, max_action_dim] (normalized space): Euler steps from t = 1 to 0 of the
         learnt velocity (`euler_times`), the prefix's keys and values computed once (LeRobot's
-        sample_actions); with a `guide`, each step's velocity is real-time chunking's (`rtc`)."""
+        sample_actions); with a `guide`, each step's velocity is real-time chunking's (`rtc`).
+        With `prefix_actions` [B, H, A] and `delay` int [B] (a model trained with
+        model.action.train_delay >= delay), each row's first `delay` actions are held at the given
+        ones with time 0 at every step (`rtc.integrate`): no guidance, no vector-Jacobian product."""
+        if (prefix_actions is None) != (delay is None):
+            raise ValueError("sample_actions: prefix_actions and delay go together (the given actions and how "
+                             "many of each row's are given)")
+        if guide is not None and delay is not None:
+            raise ValueError("sample_actions: a guide (inference-time real-time chunking) or a given prefix "
+                             "(training-time), not both")
         prefix, prefix_pad = self.embed_prefix(protocol.apply_stack(self.vision, self.enter(batch)), batch)
         B, P = prefix_pad.shape
         prefix_positions = jnp.cumsum(prefix_pad.astype(jnp.int32), axis=1) - 1
@@ -228,13 +257,15 @@ class FlowMatchingPolicy(nnx.Module):
         positions = prefix_pad.sum(axis=1, keepdims=True) + jnp.arange(S)[None]
 
         def velocity(x_t, time):
-            carried = {**self.suffix_of(batch, x_t, jnp.broadcast_to(time, (B,))), "prefix_pad": prefix_pad}
+            time = time if jnp.ndim(time) == 2 else jnp.broadcast_to(time, (B,))  # per token: a given prefix
+            carried = {**self.suffix_of(batch, x_t, time), "prefix_pad": prefix_pad}
             out, _ = jax.lax.scan(lambda h, xs: (nnx.merge(graphdef, xs[0]).suffix_step(h, xs[1], positions, mask),
                                                  None), carried, (stacked, cache))
             return self.velocity(out)
 
         times = euler_times(num_steps or self.num_steps, self.ACCUMULATED_TIME)
-        return rtc.integrate(velocity, noise, times, guide)
+        given = None if delay is None else rtc.Prefix(jnp.asarray(prefix_actions, jnp.float32), jnp.asarray(delay))
+        return rtc.integrate(velocity, noise, times, guide, given)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the joint sequence (prefix + suffix): the family's

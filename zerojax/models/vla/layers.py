@@ -56,6 +56,14 @@ def time_embedding(time_B: jax.Array, width: int, min_period: float = 4e-3, max_
     return jnp.concatenate([sin, cos], axis=1)
 
 
+def token_time_embedding(time: jax.Array, width: int) -> jax.Array:
+    """`time_embedding` of the flow's time per row [B] -> [B, width], or per action token [B, H]
+    (training-time real-time chunking: 0 on the given prefix) -> [B, H, width]."""
+    if time.ndim == 1:
+        return time_embedding(time, width)
+    return time_embedding(time.reshape(-1), width).reshape(*time.shape, width)
+
+
 def check_time_width(cfg) -> None:
     """model.expert.d_model holds the action tokens' time embedding: one sine and one cosine per
     frequency, so it is even (ConfigError if not)."""

@@ -16,6 +16,14 @@ marking x_t for the gradient, so ∂x1/∂x_t is the identity and the correction
 `tests/test_rtc.py` holds zerojax to LeRobot's numbers), or, with `jacobian=True`, the paper's
 and Physical Intelligence's Kinetix code's: err pulled back through the denoiser,
 (∂x1/∂x_t)ᵀ·err, one vector-Jacobian product (`jax.vjp`) a step, about a backward pass more.
+
+Training-time real-time chunking (Black, Ren, Equi and Levine, "Training-Time Action Conditioning
+for Efficient Real-Time Chunking", 2025; LeRobot's π0.5 `rtc_training_max_delay`): a model
+trained with model.action.train_delay = D has seen each row's first d ~ U{0..D} actions clean,
+at time 0 per token (`prefix_time`), and learnt the rest. At inference the `delay` actions to
+be executed while it runs are given (`Prefix`): `integrate` holds them at every Euler step, with
+time 0 on their tokens, as LeRobot's `euler_integrate` holds its `hard_prefix`; no guidance, no
+vector-Jacobian product, and the chunk's first d actions are exactly the given ones.
 """
 
 from __future__ import annotations
@@ -36,6 +44,21 @@ class Guide(NamedTuple):
     weights: jax.Array  # [B, H] `prefix_weights` (all 0: a row without a leftover samples as without RTC)
     max_weight: float = 10.0  # LeRobot's max_guidance_weight
     jacobian: bool = False  # the correction through the denoiser (the paper's) instead of LeRobot's err
+
+
+class Prefix(NamedTuple):
+    """What training-time real-time chunking is given: per row, the actions and how many are given."""
+
+    actions: jax.Array  # [B, H, A] normalized, zero-padded (only the first `delay` of a row are read)
+    delay: jax.Array  # int [B]: the row's given actions (0: none, it samples as without them)
+
+
+def prefix_time(time: jax.Array, delay: jax.Array, horizon: int) -> jax.Array:
+    """The flow's time per action token [B, H]: 0 on each row's first `delay` actions (given
+    clean), the row's `time` (scalar or [B]) after them. LeRobot's `_build_flow_matching_inputs`."""
+    given_BH = jnp.arange(horizon)[None] < jnp.asarray(delay)[:, None]
+    time_B1 = jnp.broadcast_to(jnp.asarray(time, jnp.float32), given_BH.shape[:1])[:, None]
+    return jnp.where(given_BH, jnp.float32(0), time_B1)
 
 
 def prefix_weights(delay: int, horizon: int, total: int, schedule: str = "linear") -> np.ndarray:
@@ -97,14 +120,22 @@ def leftover_rows(leftover: np.ndarray | None, delay: int, horizon: int, total: 
     return padded, prefix_weights(delay, min(horizon, k), total, schedule)
 
 
-def integrate(velocity, noise: jax.Array, times: np.ndarray, guide: Guide | None) -> jax.Array:
+def integrate(velocity, noise: jax.Array, times: np.ndarray, guide: Guide | None,
+              prefix: Prefix | None = None) -> jax.Array:
     """Euler steps of `velocity(x_t, t)` from the noise at t = times[0] = 1 towards 0, dt = -1 /
     len(times) (a policy family's sampler; `times`: its `euler_times`); with a `guide`, each
-    step's velocity is real-time chunking's (`guided`)."""
+    step's velocity is real-time chunking's (`guided`); with a `prefix`, each row's first
+    `delay` actions are held at the given ones, before each step and after it, and `velocity` is
+    asked with the time per token [B, H], 0 on them (training-time RTC, module docstring)."""
     dt = jnp.float32(-1.0 / len(times))
     x_t = noise.astype(jnp.float32)
+    hold = lambda x: x  # noqa: E731
+    if prefix is not None:
+        given_BH1 = (jnp.arange(x_t.shape[1])[None] < prefix.delay[:, None])[..., None]
+        hold = lambda x: jnp.where(given_BH1, prefix.actions.astype(x.dtype), x)  # noqa: E731
+    x_t = hold(x_t)
     for time in times:
-        t = jnp.float32(time)
+        t = jnp.float32(time) if prefix is None else prefix_time(jnp.float32(time), prefix.delay, x_t.shape[1])
         v_t = velocity(x_t, t) if guide is None else guided(lambda x: velocity(x, t), x_t, t, guide)
-        x_t = x_t + dt * v_t
+        x_t = hold(x_t + dt * v_t)
     return x_t
