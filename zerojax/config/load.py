@@ -8,6 +8,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 import yaml
+from zerojax.config import policy_keys
 from zerojax.config.hf_config import hf_model_keys
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
@@ -133,6 +134,12 @@ def parse_override(text: str) -> tuple[str, str]:
 
 def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file (its stem names the run), then KEY=VALUE overrides."""
+    return load_with_origins(path, overrides)[0]
+
+
+def load_with_origins(path: str | Path | None = None, overrides: list[str] = ()) -> tuple[Config, dict]:
+    """`load`'s Config, and where each policy setting came from (`policy_keys`: key -> checkpoint,
+    config or default; empty for a run that is not a policy's)."""
     tree: dict = {}
     if path is not None:
         path = Path(path)
@@ -151,8 +158,11 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
             _set(tree, key, value)
     for text in overrides:
         _set(tree, *parse_override(text))
+    origins: dict = {}
+    init_from = tree.get("model", {}).get("init_from")
     _from_hugging_face(tree)
-    return _build(tree)
+    policy_keys.policy_shapes(tree, origins, init_from if init_from and Path(init_from).is_dir() else "")
+    return _build(tree), origins
 
 
 def _from_hugging_face(tree: dict) -> None:

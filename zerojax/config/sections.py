@@ -155,10 +155,11 @@ class DataConfig:
     train_on: str = "assistant"  # chat rows: the loss counts the assistant's turns and completions | all (every token)
     pack: bool = True  # chat rows: several examples to a row, never attending across (false: one a row, padded)
     too_long: str = "error"  # chat rows: an example over model.seq_len + 1 tokens is an error (exit 2) | drop (counted)
-    # data.source=lerobot:DIR (zerojax.data.lerobot); the defaults are LeRobot's pi0
-    action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (LeRobot's chunk_size)
-    image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1]
-    prompt_len: int = 48  # the task prompt's tokens, truncated or padded (LeRobot's tokenizer_max_length)
+    # data.source=lerobot:DIR (zerojax.data.lerobot); a policy family's three shapes are its model's
+    # (config.policy_keys: set from them, a contradiction is an error); these defaults are for other models
+    action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (a policy: model.action.horizon)
+    image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1] (a policy: model.vision.image_size)
+    prompt_len: int = 48  # the task prompt's tokens, truncated or padded (a policy: model.action.prompt_len)
     norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
     norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
     cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
