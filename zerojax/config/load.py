@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 import yaml
 from zerojax.config import policy_keys
-from zerojax.config.hf_config import hf_model_keys
+from zerojax.config.hf_config import LEROBOT, hf_model_keys, init_source
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
 from zerojax.config.values import _field_type, _is_mapping, coerce
@@ -161,7 +161,11 @@ def load_with_origins(path: str | Path | None = None, overrides: list[str] = ())
     origins: dict = {}
     init_from = tree.get("model", {}).get("init_from")
     _from_hugging_face(tree)
-    policy_keys.policy_shapes(tree, origins, init_from if init_from and Path(init_from).is_dir() else "")
+    from_dir = init_from if init_from and Path(init_from).is_dir() else ""
+    policy_keys.policy_shapes(tree, origins, from_dir)
+    if from_dir and init_source(from_dir) == LEROBOT:
+        policy_keys.carry(tree, origins, policy_keys.lerobot_keys(from_dir), f"model.init_from={from_dir}")
+    policy_keys.reported(tree, origins)
     return _build(tree), origins
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zerojax.config.policy_keys import named_tokenizer  # noqa: F401 - read where the run is configured
 from zerojax.errors import ConfigError
 
 PRE, POST = "policy_preprocessor", "policy_postprocessor"
@@ -88,22 +89,3 @@ def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokeni
                     step["config"]["tokenizer_name"] = tokenizer_dir(tokenizer)
             written.append(step)
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": written}, indent=2))
-
-
-def named_tokenizer(directory, config: dict) -> str | None:
-    """The tokenizer.json a LeRobot policy directory (its config.json: `config`) names where it is
-    at hand: its preprocessor's tokenizer step's `tokenizer_name` (what LeRobot tokenizes with; a
-    zerojax export writes the run's data.tokenizer there), else its family's
-    `LeRobotLayout.tokenizer` (SmolVLA's local SmolVLM directory), each as a path from the current
-    directory or one above the policy's; else None."""
-    from zerojax.config import read_json_object
-    from zerojax.models import registry
-    from zerojax.models.family import local_file
-
-    pipeline = Path(directory) / "policy_preprocessor.json"
-    steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
-    for name in filter(None, (s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict))):
-        if path := local_file(name, str(directory), "tokenizer.json"):
-            return str(path)
-    _, layout = registry.lerobot_layouts()[config["type"]]
-    return layout.tokenizer(config, str(directory))
