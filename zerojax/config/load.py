@@ -159,10 +159,10 @@ def load_with_origins(path: str | Path | None = None, overrides: list[str] = ())
     for text in overrides:
         _set(tree, *parse_override(text))
     origins: dict = {}
-    init_from = tree.get("model", {}).get("init_from")
+    given = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.get("model", {}).items()}
     _from_hugging_face(tree)
-    from_dir = init_from if init_from and Path(init_from).is_dir() else ""
-    policy_keys.policy_shapes(tree, origins, from_dir)
+    from_dir = given.get("init_from") if given.get("init_from") and Path(given["init_from"]).is_dir() else ""
+    policy_keys.policy_shapes(tree, origins, given, from_dir)
     if from_dir and init_source(from_dir) == LEROBOT:
         policy_keys.carry(tree, origins, policy_keys.lerobot_keys(from_dir), f"model.init_from={from_dir}")
     policy_keys.reported(tree, origins)

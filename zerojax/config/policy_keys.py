@@ -50,20 +50,21 @@ def _model_value(model: dict, section: str, key: str) -> Any:
     return getattr(VisionConfig() if section == "vision" else registry.sections()[section](), key)
 
 
-def policy_shapes(tree: dict, origins: dict, init_from: str = "") -> None:
-    """A policy family's data shape keys from its model keys (`init_from`: the checkpoint directory
-    they came from, if any); ConfigError, naming both values, where the user set one that
-    contradicts the model."""
+def policy_shapes(tree: dict, origins: dict, given: dict, init_from: str = "") -> None:
+    """A policy family's data shape keys from its model keys; ConfigError, naming both values,
+    where the user set one that contradicts the model. `given`: the model section as the user set
+    it, before model.init_from's checkpoint (`init_from`) added its keys."""
     model, data = tree.get("model", {}), tree.setdefault("data", {})
     if not registry.is_policy(model.get("family", registry.DEFAULT)):
         return
     for data_key, (section, key) in SHAPES.items():
-        value, given = _model_value(model, section, key), data.get(data_key)
-        origin = CHECKPOINT if init_from else CONFIG if key in (model.get(section) or {}) else DEFAULT
-        if given is not None and given != value:
+        value, mine = _model_value(model, section, key), data.get(data_key)
+        origin = CONFIG if key in (given.get(section) or {}) else \
+            CHECKPOINT if key in (model.get(section) or {}) else DEFAULT
+        if mine is not None and mine != value:
             whose = {CHECKPOINT: f"read from model.init_from={init_from}", CONFIG: "set in the config",
                      DEFAULT: "its default"}[origin]
-            raise ConfigError(f"data.{data_key}={given} contradicts model.{section}.{key}={value} ({whose}); a "
+            raise ConfigError(f"data.{data_key}={mine} contradicts model.{section}.{key}={value} ({whose}); a "
                               f"policy's shapes are its model's: drop data.{data_key}, which follows "
                               f"model.{section}.{key} (or set model.{section}.{key})")
         data[data_key] = value
