@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: train test install clean
+.PHONY: train test docs install clean
 
 install: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ train: install
 
 test: install
 	$(BIN)/python -m pytest $(ARGS)
+
+# The docs/ site (mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; ARGS="-a 0.0.0.0:8000"
+# serves it to other machines. tests/test_docs.py builds it with --strict, as CI does.
+docs: install
+	$(BIN)/python -m mkdocs serve $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

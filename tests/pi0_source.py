@@ -1,13 +1,13 @@
 """A π0 data source of the test's own (`data.source=pi0_source:build`): random cameras, prompts,
 states and action chunks, with flow matching's noise and time per (seed, split, step, row)
-(`zerojax.models.pi0_batch.noise_and_time`), in the batch `zerojax.models.pi0` reads."""
+(`zerojax.models.vla.batch.noise_and_time`), in the batch `zerojax.models.pi0.model` reads."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
 from zerojax import data
-from zerojax.models.pi0_batch import noise_and_time
+from zerojax.models.vla.batch import noise_and_time
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from zerojax.errors import ConfigError
 from zerojax.models import attention, llama, protocol
-from zerojax.models.vla import make_att_2d_masks
+from zerojax.models.vla.layers import make_att_2d_masks
 
 B, T, H, G, K = 2, 13, 4, 2, 8  # T odd; G < H: grouped-query
 

@@ -13,7 +13,7 @@ from zerojax.data import sources
 from zerojax.errors import ConfigError
 from zerojax.models import family as family_lib
 from zerojax.models import registry
-from zerojax.serve import policy
+from zerojax.serve import loaders
 
 LEROBOT_TINY = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
 POLICY_KEYS = ["model.vocab_size=256", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
@@ -80,9 +80,9 @@ def test_a_new_policy_family_reaches_data_config_and_serve_through_the_registry(
     spec = sources.batch_spec(cfg)  # the adapter's batch, not the dataset's features
     assert {"images", "image_masks", "state", "actions", "noise", "time"} <= set(spec)
     assert "observation.state" not in spec
-    policy.check_family({"model": {"family": new_policy}}, "a run")  # serve and rollout take it
+    loaders.check_family({"model": {"family": new_policy}}, "a run")  # serve and rollout take it
     with pytest.raises(ConfigError, match=f"model.family={' or '.join(registry.of_kind(family_lib.POLICY))}"):
-        policy.check_family({"model": {"family": registry.DEFAULT}}, "a run")
+        loaders.check_family({"model": {"family": registry.DEFAULT}}, "a run")
 
 
 def test_a_model_of_the_users_reads_the_datasets_features_as_they_are():

@@ -97,7 +97,7 @@ def test_a_constant_feature_is_normalized_as_lerobot_does(mode, tmp_path, monkey
     root = copy_fixture(tmp_path)  # the gripper constant: std 0, min = max, ... (LeRobot's eps paths)
     # these statistics call a varying column constant, which a training source refuses for the
     # quantile modes (the test below); here only the arithmetic is compared with LeRobot's
-    monkeypatch.setattr(lerobot, "NORMALIZED_LIMIT", np.inf)
+    monkeypatch.setattr(lerobot.source, "NORMALIZED_LIMIT", np.inf)
     shutil.copy(FIXTURE / "degenerate_stats.json", root / "meta" / "stats.json")
     src = source(f"data.norm_state={mode}", "data.norm_action=identity", root=root)
     state = np.stack([src.item(i)["observation.state"] for i in INDICES])

@@ -81,9 +81,9 @@ def test_a_lerobot06_pi0_is_read_for_serving():
 
 
 def test_a_lerobot06_pi05_is_served_with_its_quantiles_and_the_state_in_its_prompt():
-    from zerojax.serve import policy as served_lib
+    from zerojax.serve import loaders
 
-    served = served_lib.load(FIXTURE / "pi05", num_steps=10, tokenizer=str(FIXTURE / "tokenizer" / "tokenizer.json"),
+    served = loaders.load(FIXTURE / "pi05", num_steps=10, tokenizer=str(FIXTURE / "tokenizer" / "tokenizer.json"),
                              vision_heads=2)
     assert "(LeRobot 0.6 pi05 checkpoint)" in served.where and served.norms["action"]["mode"] == "quantiles"
     rng = np.random.default_rng(0)

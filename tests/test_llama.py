@@ -8,7 +8,7 @@ from flax import nnx
 
 from conftest import ROOT, run
 from zerojax import config
-from zerojax.models import llama
+from zerojax.models import decoder
 from zerojax.models.llama import Llama
 from zerojax.analysis import measure
 
@@ -63,7 +63,7 @@ def test_layout_follows_hugging_face():
 def test_rope_rotates_half_pairs_by_position():
     # HF's rotate-half: dims i and i + K/2 form a pair rotated by t * theta^(-2i/K).
     x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 5, 1, 8)), jnp.float32)
-    y = llama.rope(x, theta=100.0)
+    y = decoder.rope(x, theta=100.0)
     for t in range(5):
         for i in range(4):
             angle = t * 100.0 ** (-2 * i / 8)

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from conftest import ROOT, run
 from zerojax.interop import lerobot
-from zerojax.models import pi05_batch
+from zerojax.models.pi05 import batch as pi05_batch
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
 OBSERVATION = ("images", "image_masks", "tokens", "token_mask", "actions")
@@ -107,12 +107,12 @@ def test_serve_builds_the_batch_training_builds(tmp_path):
     run's tokenizer) equals the training row of that frame."""
     from zerojax import cli, config
     from zerojax.data import sources
-    from zerojax.serve import policy
+    from zerojax.serve import loaders
 
     overrides = TINY + ["train.steps=1", "train.ckpt_every=1", "train.report=false", "mesh.data=1", "zero.stage=0",
                         "zero.schedule=gspmd"]
     assert cli.main(["train", "--no-progress", *overrides, f"train.out_dir={tmp_path / 'run'}"]) == 0
-    served = policy.load(tmp_path / "run", num_steps=2)
+    served = loaders.load(tmp_path / "run", num_steps=2)
     src = sources.open_source(config.load(overrides=overrides))
     ds, batch = src.source.dataset, src.rows(0, 0, slice(None))
     for row, index in enumerate(src.source.frames_of(0, 0)[:3]):

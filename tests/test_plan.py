@@ -3,6 +3,9 @@ order, loop-aware dot FLOPs, and the search itself on the tiny GPT (budgets take
 peaks it compiles: each smaller budget moves the winner down the ladder)."""
 
 import json
+import shlex
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -131,3 +134,30 @@ def test_when_a_full_fine_tune_fits_nowhere_the_plan_names_the_lora_rank_that_fi
     # a run that is LoRA already (or freezes leaves) gets no suggestion
     rows = [{"compiled": True, "peak_bytes": peaks[4], "candidate": floor}]
     assert plan.lora_that_fits(config.load(overrides=TINY + ["optim.lora.rank=4"]), target, rows) == {}
+
+
+
+def test_the_printed_command_runs_as_printed(capsys):
+    """`train with:` is one line, longer than the console and not broken: `zerojax train` with the
+    user's config file and overrides, then the winner's keys (never a literal `--config ...`),
+    which parses to the config the plan chose."""
+    overrides = [*TINY, *SMALL, "train.out_dir=runs/my run"]  # a space: the line must quote it
+    Path("configs").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "configs" / "tiny.yaml", "configs/tiny.yaml")
+    assert cli.main(["plan", "--config", "configs/tiny.yaml", "--devices", "8", "--device-memory", "1GB", "--margin", "0",
+                     "--max-compiles", "1", *overrides]) == 0  # 1: the test's time
+    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("train with:")]
+    assert len(printed) == 1 and len(printed[0]) > 120, printed
+    words = shlex.split(printed[0].removeprefix("train with: "))
+    assert words[:4] == ["zerojax", "train", "--config", "configs/tiny.yaml"] and "..." not in words
+    train = cli.build_parser().parse_args(words[1:])
+    chosen = words[4 + len(overrides):]
+    assert words[4:4 + len(overrides)] == overrides and any(key.startswith("zero.stage=") for key in chosen), chosen
+    cfg = config.load(train.config, train.overrides)
+    assert cfg == config.load("configs/tiny.yaml", [*overrides, *chosen]) and str(cfg.run_dir) == "runs/my run"
+    assert cfg != config.load("configs/tiny.yaml", overrides)  # the winner's keys reach the run
+    assert json.loads(capsys.readouterr().out or "{}") == {}
+    assert cli.main(["plan", "--config", "configs/tiny.yaml", "--devices", "8", "--device-memory", "1GB", "--margin",
+                     "0", "--max-compiles", "1", "--json", *overrides]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["compiles"] == 1 and doc["train_command"] == printed[0].removeprefix("train with: ")

@@ -130,10 +130,9 @@ def test_a_bug_in_the_users_model_shows_its_traceback(tmp_path):
 
 
 def readme_example() -> str:
-    """The Python block under README's "Bring your own model" heading."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Bring your own model"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    """The Python block of the guide "Bring your own model" (docs/guides/bring-your-own-model.md)."""
+    text = (ROOT / "docs" / "guides" / "bring-your-own-model.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 @pytest.mark.slow

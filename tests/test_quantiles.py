@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zerojax.config.normalization import CONFIG_NAMES, V03_MODES, NormalizationMode
 from zerojax.data import lerobot
+from zerojax.errors import ConfigError
 from zerojax.interop import lerobot as interop
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot"
@@ -67,5 +69,18 @@ def test_a_datasets_stats_json_quantiles_give_lerobots_numbers():
 
 
 def test_the_modes_map_both_ways_for_an_export():
-    for data_mode in ("quantiles", "quantile10"):
-        assert interop.LEROBOT_MODES[interop.QUANTILE_MODES[data_mode]] == data_mode
+    """One NormalizationMode, LeRobot 0.6.1's names (lerobot.configs.types), each spelled once on
+    each side: data.norm_*'s spelling and LeRobot's come back to the same mode, and the modes
+    LeRobot 0.6.1 wrote into this fixture's config.json read as the modes zerojax applies."""
+    assert [m.name for m in NormalizationMode] == ["IDENTITY", "MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10"]
+    for mode in NormalizationMode:
+        assert NormalizationMode.of_config(mode.config) is mode
+        assert NormalizationMode.of_lerobot(mode.value) is mode
+    assert len(set(CONFIG_NAMES)) == len(NormalizationMode)
+    mapping = interop.read_config(POLICY)["normalization_mapping"]
+    assert {k: NormalizationMode.of_lerobot(v).config for k, v in mapping.items()} == {
+        "VISUAL": "identity", "STATE": "quantiles", "ACTION": "quantile10"}
+    assert [m.config for m in V03_MODES] == ["identity", "mean_std", "min_max"]  # LeRobot 0.3.x has no quantiles
+    assert NormalizationMode.of_lerobot("quantiles") is None  # LeRobot's spelling only
+    with pytest.raises(ConfigError, match="'QUANTILES' is not one of identity, mean_std, min_max, quantiles, quantile10"):
+        NormalizationMode.of_config("QUANTILES")

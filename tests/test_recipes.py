@@ -19,7 +19,7 @@ from conftest import ROOT, run
 from zerojax import cli, config, data, train
 from zerojax.analysis import measure
 from zerojax.errors import ConfigError
-from zerojax.models import pi0
+from zerojax.models.pi0 import model as pi0
 from zerojax.optim.lora import is_adapter
 from zerojax.parallel.trees import path_name
 from zerojax.precision import Policy

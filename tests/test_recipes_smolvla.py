@@ -18,7 +18,7 @@ from conftest import ROOT, run
 from test_recipes import frozen_and_trained, leaves, moments_of
 from zerojax import config, data, train
 from zerojax.analysis import measure
-from zerojax.models.smolvla_lerobot import LEROBOT_TENSORS
+from zerojax.models.smolvla.lerobot import LEROBOT_TENSORS
 from zerojax.optim.lora import is_adapter
 from zerojax.train import state as state_lib
 from zerojax.train import step as step_lib

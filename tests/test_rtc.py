@@ -1,4 +1,4 @@
-"""Real-time chunking (zerojax/models/rtc.py) against LeRobot 0.6.1's own RTCProcessor
+"""Real-time chunking (zerojax/models/vla/rtc.py) against LeRobot 0.6.1's own RTCProcessor
 (tests/fixtures/rtc/lerobot_rtc.npz, written by scripts/fixtures/make_rtc_fixture.py in LeRobot's
 venv), and the paper's Jacobian correction against the Jacobian written out."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zerojax.models import rtc
+from zerojax.models.vla import rtc
 
 REF = dict(np.load(Path(__file__).parent / "fixtures" / "rtc" / "lerobot_rtc.npz"))
 WEIGHTS = sorted(k for k in REF if k.startswith("weights/"))
@@ -124,10 +124,10 @@ def test_a_delay_keeps_the_committed_actions_and_rtc_sends_them_with_the_request
 
 @pytest.fixture(scope="module")
 def lerobot_pi0():
-    from zerojax.serve import policy
+    from zerojax.serve import loaders
 
     lerobot = Path(__file__).parent / "fixtures" / "lerobot"
-    return policy.load(lerobot / "pi0", num_steps=10, tokenizer=str(lerobot / "pi0_tokenizer.json"), vision_heads=2)
+    return loaders.load(lerobot / "pi0", num_steps=10, tokenizer=str(lerobot / "pi0_tokenizer.json"), vision_heads=2)
 
 
 def robot_observation(served, seed=0):
@@ -165,9 +165,9 @@ BAD_RTC = {  # (what the request adds, for actions of width w; what the error sa
 
 @pytest.mark.parametrize("case", BAD_RTC)
 def test_a_bad_rtc_request_is_an_observation_error(lerobot_pi0, case):
-    from zerojax.serve import policy
+    from zerojax.serve.observation import ObservationError
 
     make, message = BAD_RTC[case]
-    with pytest.raises(policy.ObservationError) as err:
+    with pytest.raises(ObservationError) as err:
         lerobot_pi0.infer({**robot_observation(lerobot_pi0), **make(lerobot_pi0.action_dim)}, 0)
     assert message in str(err.value), str(err.value)

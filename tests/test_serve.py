@@ -26,7 +26,8 @@ from conftest import ROOT, TINY, one_error_line
 from zerojax import cli, config
 from zerojax.data import sources
 from zerojax.interop import safetensors as safetensors_io
-from zerojax.serve import policy, server
+from zerojax.serve import loaders, server
+from zerojax.serve.observation import ObservationError
 from zerojax.train import export
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
@@ -54,7 +55,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(run_dir):
-    return policy.load(run_dir, num_steps=STEPS, seed=SEED)
+    return loaders.load(run_dir, num_steps=STEPS, seed=SEED)
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +408,7 @@ class Batching:
 
     def prepare(self, obs):
         if not isinstance(obs.get("x"), int):
-            raise policy.ObservationError("observation: 'x' must be an int")
+            raise ObservationError("observation: 'x' must be an int")
         return obs["x"]
 
     def infer_rows(self, rows, requests):
@@ -445,7 +446,7 @@ def test_requests_that_wait_together_are_sampled_in_one_call_and_each_gets_its_o
 
 
 def test_rows_sampled_together_get_the_actions_of_one_at_a_time(lerobot_reference):
-    batched = policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2,
+    batched = loaders.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2,
                           max_batch=4)
     observations = lerobot_reference[0] * 2  # 3 rows: padded to 4 with the first
     rows = [batched.prepare(obs) for obs in observations[:3]]
@@ -457,13 +458,66 @@ def test_rows_sampled_together_get_the_actions_of_one_at_a_time(lerobot_referenc
 
 @pytest.mark.slow
 def test_the_batching_benchmark_runs_both_servers_in_one_run():
-    """scripts/bench/serve_batching.py at its smallest: the two rows of its table, measured."""
+    """scripts/bench/serve_batching.py at its smallest: its table has the two rows, each with its
+    five columns filled (what it measures is checked by the next test)."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "serve_batching.py"), "--clients", "2",
                            "--requests", "2", "--max-batch", "2"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| one at a time") or "--max-batch 2" in line]
-    assert len(rows) == 2 and all(float(row.split("|")[2]) > 0 for row in rows), done.stdout
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| one at a time") or
+            line.startswith("| `--max-batch 2`")]
+    assert [r[0].strip() for r in rows] == ["one at a time (default)", "`--max-batch 2`"], done.stdout
+    assert all(len(r) == 5 and all(float(x) >= 0 for x in r[1:]) for r in rows), done.stdout
+
+
+class Sleeping(Batching):
+    """A policy each of whose calls takes `SECONDS`, one row or several: the benchmark's clock has
+    a floor that it must respect."""
+
+    SECONDS = 0.05
+
+    def __init__(self, max_batch):
+        super().__init__()
+        self.max_batch = max_batch
+
+    def metadata(self):
+        return {"observation": {"x": {"shape": [1], "dtype": "float32"}, "prompt": {"dtype": "str"}}}
+
+    def prepare(self, obs):
+        return obs
+
+    def infer_rows(self, rows, requests):
+        self.calls.append(len(rows))
+        time.sleep(self.SECONDS)
+        return [{"actions": np.zeros((1, 1), np.float32)} for _ in rows]
+
+
+def test_the_batching_benchmark_measures_requests_over_their_time():
+    """serve_batching.fleet's requests/s is the requests answered over the time they took: every
+    request is timed, none answered sooner than a call takes, and the rate is within what the
+    calls' own time allows (one worker, one call at a time: the run lasts at least calls x SECONDS)
+    and at least the requests over the time measured around it."""
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    try:
+        import serve_batching
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    clients, requests = 3, 4
+    for max_batch in (1, clients):
+        policy = Sleeping(max_batch)
+        srv = server.PolicyServer(policy, port=0)
+        port = srv.start()
+        try:
+            start = time.perf_counter()
+            rate, latencies = serve_batching.fleet(port, clients, requests)
+            outside = time.perf_counter() - start
+        finally:
+            srv.stop()
+        assert len(latencies) == sum(policy.calls) == clients * requests
+        assert min(latencies) >= Sleeping.SECONDS * 1e3
+        assert clients * requests / outside <= rate <= clients * requests / (len(policy.calls) * Sleeping.SECONDS)
+        if max_batch == 1:
+            assert policy.calls == [1] * clients * requests and rate <= 1 / Sleeping.SECONDS
 
 
 def test_an_api_key_is_required_where_one_is_set_and_healthz_answers(served, frames):
@@ -494,7 +548,7 @@ def test_an_exported_checkpoint_alone_serves_the_runs_policy(exported, run_dir, 
     alone = tmp_path / "elsewhere" / "policy.safetensors"  # away from the run directory, which is not read
     alone.parent.mkdir()
     shutil.copy(exported, alone)
-    from_export = policy.load(alone, num_steps=STEPS, seed=SEED)
+    from_export = loaders.load(alone, num_steps=STEPS, seed=SEED)
     assert from_export.where == f"{alone} (exported at step 1)"
     assert {**from_export.metadata(), "run": None} == {**served.metadata(), "run": None}
     for request, obs in enumerate(frames[0][:2]):
@@ -579,7 +633,7 @@ def lerobot_reference():
 
 @pytest.fixture(scope="module")
 def lerobot_served():
-    return policy.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+    return loaders.load(LEROBOT / "pi0", num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
 
 
 def test_a_lerobot_checkpoint_answers_as_lerobots_select_action(lerobot_served, lerobot_reference):
@@ -602,7 +656,7 @@ def test_a_lerobot_04_checkpoint_reads_its_processor_files_and_centres_its_paddi
     for path in [LEROBOT / "pi0" / "config.json", LEROBOT / "pi0" / "model.safetensors",
                  *(LEROBOT / "pi0_processors").iterdir()]:
         shutil.copy(path, new)
-    served = policy.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
+    served = loaders.load(new, num_steps=10, tokenizer=str(LEROBOT / "pi0_tokenizer.json"), vision_heads=2)
     assert "LeRobot 0.4+ pi0 checkpoint" in served.where and not served.pad_before and lerobot_served.pad_before
     assert {k: v["mode"] for k, v in served.norms.items()} == {k: v["mode"] for k, v in lerobot_served.norms.items()}
     obs, ref = lerobot_reference

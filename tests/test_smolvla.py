@@ -182,10 +182,10 @@ def test_serve_builds_the_batch_training_builds_and_answers_with_rtc(tmp_path):
     leftover chunk for real-time chunking."""
     from zerojax import cli, config
     from zerojax.data import sources
-    from zerojax.serve import policy
+    from zerojax.serve import loaders
 
     assert cli.main(["train", "--no-progress", *DATASET, f"train.out_dir={tmp_path / 'run'}"]) == 0
-    served = policy.load(tmp_path / "run", num_steps=2)
+    served = loaders.load(tmp_path / "run", num_steps=2)
     src = sources.open_source(config.load(overrides=DATASET))
     ds, batch = src.source.dataset, src.rows(0, 0, slice(None))
     index = int(src.source.frames_of(0, 0)[0])
@@ -208,13 +208,13 @@ def test_a_camera_that_is_not_square_is_padded_as_lerobot_061_pads_it(family, pa
     """tests/fixtures/lerobot06/padding.safetensors, from LeRobot 0.6.1's own functions
     (scripts/fixtures/make_lerobot06_padding.py): π0 and π0.5 centre (openpi's), SmolVLA pads the
     top and left; the family's declaration says which, for training and serving alike."""
-    from zerojax.data import lerobot_frames
+    from zerojax.data.lerobot import frames
     from zerojax.models import registry
 
     ref = load_file(FIXTURE / "padding.safetensors")
     for name in ("wide", "tall"):
         image = ref[name][0] * np.float32(2) - np.float32(1)
-        got = lerobot_frames.resize_with_pad(image, 16, registry.pads_before(family))
+        got = frames.resize_with_pad(image, 16, registry.pads_before(family))
         np.testing.assert_allclose(got, ref[f"{name}.{padding}"][0], atol=1e-6, err_msg=name)
 
 
@@ -238,13 +238,13 @@ def test_a_lerobot_smolvla_directory_is_served_as_lerobot_061_answers(monkeypatc
 
     from safetensors import safe_open
 
-    from zerojax.serve import policy
+    from zerojax.serve import loaders
 
     monkeypatch.chdir(ROOT)  # config.json names its SmolVLM directory from the repository root
     with safe_open(FIXTURE / "smolvla.serve_reference.safetensors", "numpy") as f:
         ref = {k: f.get_tensor(k) for k in f.keys()}
         tasks = json.loads(f.metadata()["tasks"])
-    served = policy.load(FIXTURE / "smolvla", num_steps=10)  # no --tokenizer: the SmolVLM directory's
+    served = loaders.load(FIXTURE / "smolvla", num_steps=10)  # no --tokenizer: the SmolVLM directory's
     assert "LeRobot 0.4+ smolvla checkpoint" in served.where and served.pad_before
     for b, task in enumerate(tasks):
         obs = {"observation.state": ref["state"][b], "observation.images.cam0": ref["cam0"][b],
@@ -259,19 +259,17 @@ def test_serve_tokenizes_with_what_the_preprocessor_names_before_the_smolvlm_dir
     import shutil
 
     from zerojax.interop import lerobot as lerobot_io
-    from zerojax.interop.lerobot_processors import named_tokenizer
 
     monkeypatch.chdir(ROOT)
     policy_dir = tmp_path / "smolvla"
     shutil.copytree(FIXTURE / "smolvla", policy_dir)
-    config = lerobot_io.read_config(policy_dir)
-    assert named_tokenizer(policy_dir, config) == str(ROOT / "tests/fixtures/lerobot06/smolvla_vlm/tokenizer.json")
+    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/smolvla_vlm/tokenizer.json")
     doc = json.loads((policy_dir / "policy_preprocessor.json").read_text())
     for step in doc["steps"]:
         if "tokenizer_name" in step.get("config", {}):
             step["config"]["tokenizer_name"] = "tests/fixtures/lerobot06/tokenizer"
     (policy_dir / "policy_preprocessor.json").write_text(json.dumps(doc))
-    assert named_tokenizer(policy_dir, config) == str(ROOT / "tests/fixtures/lerobot06/tokenizer/tokenizer.json")
+    assert lerobot_io.named_tokenizer(policy_dir) == str(ROOT / "tests/fixtures/lerobot06/tokenizer/tokenizer.json")
 
 
 @pytest.fixture(scope="module")

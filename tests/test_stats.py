@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from zerojax import cli
-from zerojax.data import stats
+from zerojax.data.lerobot import stats
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot"
 TINY = FIXTURE / "tiny"

@@ -14,7 +14,7 @@ scripts/fixtures/make_lerobot_dataset.py writes the test fixture; the default DI
 (mean/std from meta/stats.json), the action chunk of `--horizon` steps normalized likewise, with
 its padding mask, and every camera frame in [-1, 1] resized with padding to `--image-size`.
 
-- zerojax: `data.source=lerobot:DIR`'s source (zerojax/data/lerobot.py), `rows` for successive
+- zerojax: `data.source=lerobot:DIR`'s source (zerojax/data/lerobot/source.py), `rows` for successive
   steps of `--batch` frames, as the run loop asks for them (its prefetch builds step s + 1 while
   step s is taken); the prompt is tokenized too (bytes), which LeRobot's side does not do.
 - LeRobot: `LeRobotDataset(delta_timestamps={"action": [0, 1/fps, ...]})` in a

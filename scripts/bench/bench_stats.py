@@ -16,7 +16,7 @@ v3.0; `observation.state` and `action` of --width floats, a random walk per epis
   before pushing to the hub; its threads: LEROBOT_STATS_MAX_WORKERS, default 16, as it ships) and
   `write_stats` into a scratch directory; timed from loading the dataset to the file written,
   torch's and LeRobot's import excluded.
-- zerojax: `zerojax.data.stats.compute` and `write` (what `zerojax stats DIR --out PATH` does),
+- zerojax: `zerojax.data.lerobot.stats.compute` and `write` (what `zerojax stats DIR --out PATH` does),
   one process; timed likewise, its import excluded.
 
 Each side runs --repeat times (the best is kept; the first also warms the page cache for both).
@@ -84,7 +84,7 @@ def run_lerobot(root: Path, repeat: int) -> dict:
 
 
 def run_zerojax(root: Path, repeat: int) -> dict:
-    from zerojax.data import stats
+    from zerojax.data.lerobot import stats
 
     best, out = float("inf"), Path(tempfile.mkdtemp()) / "stats.json"
     for _ in range(repeat):

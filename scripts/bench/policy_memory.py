@@ -1,5 +1,5 @@
-"""A policy's memory story, compiled: the table a lab reads before renting GPUs (README "π0" and
-"π0.5", BENCHMARKS.md "π0's compiled peaks" and "π0.5's compiled peaks").
+"""A policy's memory story, compiled: the table a lab reads before renting GPUs (docs/models/pi0.md and
+pi05.md, BENCHMARKS.md "π0's compiled peaks" and "π0.5's compiled peaks").
 
 For a config of real sizes (configs/pi0.yaml, Ψ = 3.24B; configs/pi05.yaml, Ψ = 3.35B; batch 32,
 one 224² camera, H = 50, remat full) it runs `zerojax analyze --json` (the step compiled on

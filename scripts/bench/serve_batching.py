@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import websockets.sync.client  # noqa: E402
 
-from zerojax.serve import policy as policy_lib  # noqa: E402
+from zerojax.serve import loaders  # noqa: E402
 from zerojax.serve import server, wire  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot"
@@ -81,7 +81,7 @@ def main() -> None:
     print("| server | requests/s | latency p50 (ms) | latency p95 (ms) | compile at start (s) |")
     print("|---|---|---|---|---|")
     for max_batch in (1, args.max_batch):
-        served = policy_lib.load(Path(args.policy), num_steps=10, tokenizer=args.tokenizer,
+        served = loaders.load(Path(args.policy), num_steps=10, tokenizer=args.tokenizer,
                                  vision_heads=args.vision_heads, max_batch=max_batch)
         srv = server.PolicyServer(served, port=0)
         port = srv.start()

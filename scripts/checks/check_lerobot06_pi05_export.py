@@ -19,14 +19,14 @@ Two halves, in two venvs (torch and LeRobot are never zerojax's dependencies), f
 repository root (the processor files name the tokenizer from there):
 
     zerojax train model.init_from=tests/fixtures/lerobot06/pi05 model.vision.n_heads=2 \\
-        data.source=lerobot:tests/fixtures/lerobot06/dataset ... train.out_dir=RUN   # README "LeRobot 0.6"
+        data.source=lerobot:tests/fixtures/lerobot06/dataset ... train.out_dir=RUN   # docs/models/pi0.md "π0.5 exports back"
     zerojax export RUN --format lerobot --out EXPORT
     python scripts/checks/check_lerobot06_pi05_export.py --zerojax RUN EXPORT OUT.safetensors     # zerojax's venv
     /work/lr06venv/bin/python scripts/checks/check_lerobot06_pi05_export.py EXPORT OUT.safetensors
 
 The zerojax half reads the frames with zerojax's dataset reader, builds each row's batch as
-`zerojax serve` does (`serve.policy`: the state normalized and put in the prompt), samples the
-run's newest checkpoint and zerojax's load of EXPORT (`serve.policy.load` of a LeRobot
+`zerojax serve` does (`serve.observation`: the state normalized and put in the prompt), samples the
+run's newest checkpoint and zerojax's load of EXPORT (`serve.loaders.load` of a LeRobot
 directory) from the same noise, and writes the frames, noise, tokens and both actions to OUT.
 """
 
@@ -48,8 +48,9 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from zerojax.data import lerobot, lerobot_frames, lerobot_meta
-    from zerojax.serve import policy
+    from zerojax.data import lerobot
+    from zerojax.data.lerobot import frames as lerobot_frames, meta as lerobot_meta
+    from zerojax.serve import loaders
 
     info = lerobot.read_info(DATASET)
     ds = lerobot_meta.load(DATASET, info, [CAMERA], {STATE: "quantiles", ACTION: "quantiles"},
@@ -60,7 +61,7 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     found = {}
     for name, target, extra in (("run", run_dir, {}), ("export", export, {"tokenizer": str(TOKENIZER),
                                                                           "vision_heads": 2})):
-        served = policy.load(Path(target), num_steps=10, **extra)
+        served = loaders.load(Path(target), num_steps=10, **extra)
         rows = [served.batch(o) for o in obs]
         batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0] if not k.startswith("rtc_")}
         noise = np.random.default_rng(0).standard_normal((len(INDICES), *served.adapter.chunk(served.model_keys)))

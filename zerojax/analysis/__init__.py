@@ -4,6 +4,7 @@
     hlo.py        collectives and memory spaces read from the optimized HLO text
     traced.py     what a model's units hold, traced on abstract values (transient estimate, regime)
     measure.py    compile a step, measure it next to the formulas, the fit search (`zerojax analyze`)
+    plan.py       `zerojax plan`: the stage, offload, remat, accumulation and gather a config trains with
 
 The package names nothing: import the module (`from zerojax.analysis import measure`).
 """

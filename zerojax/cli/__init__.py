@@ -9,7 +9,7 @@ other failure, including a bug in a user's model, exits 1 with its traceback.
 The choices of the options are the config's enumerations (`config.rules`). Only the commands
 that build a model import jax (train, analyze, export, generate, serve, report's analysis,
 memory --config; stats, for jax.distributed alone), in their own bodies: `zerojax memory
---params` and `zerojax formats` answer without it; only `serve`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
+--params` and `zerojax formats` answer without it; only `serve`, `client`, `collect` and `rollout` import their extras (websockets, msgpack; metaworld,
 mujoco).
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from zerojax.cli import (analyze, collect, export, formats, generate, memory, plan, report, rollout, serve, stats,
-                         tokenizer, train)
+from zerojax.cli import (analyze, client, collect, export, formats, generate, memory, plan, report, rollout, serve,
+                         stats, tokenizer, train)
 from zerojax.cli.args import Parser, UsageError, parse_count, stage_list
 from zerojax.errors import ConfigError, DistributedError, TrainingError
 
@@ -27,7 +27,7 @@ __all__ = ["main", "build_parser", "UsageError", "parse_count", "stage_list"]
 
 # In the order `zerojax --help` lists them.
 COMMANDS = {"train": train, "memory": memory, "analyze": analyze, "plan": plan, "export": export,
-            "generate": generate, "serve": serve, "collect": collect, "rollout": rollout, "tokenizer": tokenizer, "report": report,
+            "generate": generate, "serve": serve, "client": client, "collect": collect, "rollout": rollout, "tokenizer": tokenizer, "report": report,
             "formats": formats, "stats": stats}
 
 

@@ -1,5 +1,5 @@
 """`zerojax collect`: Meta-World's scripted experts' successful episodes written as a LeRobot
-v3.0 dataset (zerojax.sim.collect), which `data.source=lerobot:DIR` trains a π0 on and
+v3.0 dataset (zerojax.sim.collect), which `data.source=lerobot:DIR` trains a policy (π0, π0.5, SmolVLA) on and
 `zerojax rollout` then scores. Needs the sim extra, checked before anything is written."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zerojax.cli.args import Parser
 
-HELP = "Meta-World's scripted experts' episodes as a LeRobot v3.0 dataset (the sim extra), for training a π0"
+HELP = "Meta-World's scripted experts' episodes as a LeRobot v3.0 dataset (the sim extra), for training a policy (π0, π0.5, SmolVLA)"
 
 
 def arguments(collect: Parser) -> None:

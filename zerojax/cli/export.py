@@ -9,7 +9,8 @@ from pathlib import Path
 from zerojax.cli.args import Parser, UsageError, parse_count
 from zerojax.config import rules
 
-HELP = "a run's (sharded) checkpoint as one safetensors file or a Hugging Face directory"
+HELP = ("a run's (sharded) checkpoint as one safetensors file, a Hugging Face or PEFT directory, or a LeRobot "
+        "(π0, π0.5, SmolVLA) or openpi (π0, π0.5) checkpoint")
 
 
 def arguments(export: Parser) -> None:
@@ -19,7 +20,7 @@ def arguments(export: Parser) -> None:
     export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
                              "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
-                             "lerobot: a pi0 run as LeRobot's PI0Policy.from_pretrained loads it (0.6's layout with "
+                             "lerobot: a pi0, pi05 or smolvla run as LeRobot's from_pretrained loads it (0.6's layout with "
                              "processor files; 0.3's for a run that started from a 0.3 checkpoint); openpi: a pi0 or pi05 run "
                              "as openpi's restore_params loads it (params/ orbax tree, assets/ norm_stats.json)")
     export.add_argument("--merge", action="store_true",

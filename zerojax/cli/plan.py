@@ -3,6 +3,7 @@ fit N devices of a kind, chosen from compiled steps; exit 2 where nothing fits."
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 
@@ -26,6 +27,9 @@ def arguments(plan: Parser) -> None:
     plan.add_argument("--margin", default="1GB", metavar="SIZE",
                       help="kept free of the budget for what the compiled train step does not count: the batches "
                            "in flight, the eval step, the allocator's fragmentation (default 1GB)")
+    plan.add_argument("--max-compiles", type=positive_int, metavar="N",
+                      help="compile at most N candidates, most memory-saving first (default 12); fewer: a quicker, "
+                           "coarser answer")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -44,7 +48,17 @@ def run(args) -> int:
     plan.simulate_on_cpu()
     target = plan.Target(dev, args.devices, devices_lib.budget_bytes(memory, margin), args.hosts)
     start = time.perf_counter()
-    doc = plan.search(cfg, target, log=lambda message: print(f"zerojax: {message}", file=sys.stderr))
+    doc = plan.search(cfg, target, log=lambda message: print(f"zerojax: {message}", file=sys.stderr),
+                      max_compiles=args.max_compiles or plan.MAX_COMPILES)
     doc["search_s"] = round(time.perf_counter() - start, 1)
+    if doc["winner"]:
+        doc["train_command"] = train_command(args, doc["winner"]["overrides"])
     report.emit(doc, args.json, report.plan_tables)
     return 0 if doc["winner"] else 2
+
+
+def train_command(args, chosen: list[str]) -> str:
+    """The `zerojax train` line that runs the winner, as the user can paste it: their config file
+    and overrides (which the search kept fixed), then the chosen keys."""
+    config_file = ["--config", args.config] if args.config else []
+    return shlex.join(["zerojax", "train", *config_file, *args.overrides, *chosen])

@@ -1,4 +1,4 @@
-"""`zerojax rollout`: a π0 run (or Meta-World's scripted expert) in closed loop on simulated
+"""`zerojax rollout`: a policy run (π0, π0.5, SmolVLA; or Meta-World's scripted expert) in closed loop on simulated
 tasks, scored per task. Needs the sim extra, checked after the arguments and before a model
 is loaded."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 from zerojax.cli.args import Parser, UsageError, positive_int
 
-HELP = "a π0 run (or the scripted expert) in closed loop on simulated tasks: success rate per task (the sim extra: Meta-World)"
+HELP = "a policy run (π0, π0.5, SmolVLA; or the scripted expert) in closed loop on simulated tasks: success rate per task (the sim extra: Meta-World)"
 ENV_KINDS = ("metaworld",)
 
 
 def arguments(rollout: Parser) -> None:
-    rollout.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a π0 run trained on a dataset "
+    rollout.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a policy run (π0, π0.5, SmolVLA) trained on a dataset "
                          "`zerojax collect` wrote (or its export); none with --policy expert")
     rollout.add_argument("--env", required=True, metavar="KIND:TASKS", help="metaworld:TASK[,TASK...] (e.g. "
                          "metaworld:reach-v3,drawer-close-v3)")
@@ -24,7 +24,7 @@ def arguments(rollout: Parser) -> None:
                          "(default 50)")
     rollout.add_argument("--seed", type=int, default=100000, metavar="S", help="episode e starts from the env's "
                          "reset(S + e) (default 100000: past the seeds `zerojax collect` records from)")
-    rollout.add_argument("--policy", choices=["run", "expert"], default="run", help="run: RUN_DIR's π0 (default); "
+    rollout.add_argument("--policy", choices=["run", "expert"], default="run", help="run: RUN_DIR's policy (default); "
                          "expert: Meta-World's scripted expert, through the same loop")
     rollout.add_argument("--n-action-steps", type=positive_int, metavar="N", help="actions executed from each chunk "
                          "before the next is sampled (LeRobot's n_action_steps; default: the chunk's length)")
@@ -79,8 +79,8 @@ def _check(args) -> tuple[str, Path | None]:
         raise UsageError(f"--env {args.env!r}: give KIND:TASK[,TASK...] with KIND one of {', '.join(ENV_KINDS)} "
                          "(e.g. metaworld:reach-v3,drawer-close-v3)")
     if (args.policy == "run") != (args.run_dir is not None):
-        raise UsageError("give RUN_DIR (a π0 run) or --policy expert, not both" if args.run_dir else
-                         "give RUN_DIR (a π0 run), or --policy expert for Meta-World's scripted expert")
+        raise UsageError("give RUN_DIR (a policy run) or --policy expert, not both" if args.run_dir else
+                         "give RUN_DIR (a policy run), or --policy expert for Meta-World's scripted expert")
     if args.delay < 0 or (args.policy == "expert" and (args.delay or args.rtc)):
         raise UsageError(f"--delay {args.delay} must be >= 0" if args.delay < 0 else
                          "--delay and --rtc are for a run's chunks; the expert acts one step at a time")
@@ -96,9 +96,9 @@ def _policy(args):
 
     if args.policy == "expert":
         return rollout.expert, args.size, 1, "Meta-World's scripted expert"
-    from zerojax.serve import policy as served_lib
+    from zerojax.serve import loaders
 
-    served = served_lib.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
+    served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
                              rtc_jacobian=args.rtc_jacobian)
     size = metaworld.check_features(served.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay

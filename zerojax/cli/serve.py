@@ -1,4 +1,4 @@
-"""`zerojax serve`: a π0 policy over openpi's websocket protocol. Needs the serve extra
+"""`zerojax serve`: a policy (π0, π0.5 or SmolVLA) over openpi's websocket protocol. Needs the serve extra
 (websockets, msgpack), checked before a model is loaded."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 from zerojax.cli.args import Parser, port_number, positive_int
 from zerojax.errors import ConfigError
 
-HELP = "a π0 run's policy over openpi's websocket protocol (openpi's WebsocketClientPolicy connects to it)"
+HELP = "a policy run's (π0, π0.5, SmolVLA) actions over openpi's websocket protocol (openpi's WebsocketClientPolicy connects to it)"
 
 
 def arguments(serve: Parser) -> None:
-    serve.add_argument("run_dir", metavar="RUN_DIR", help="a π0 run trained on data.source=lerobot:DIR, the "
-                       "FILE.safetensors `zerojax export` wrote of one, or a LeRobot π0 checkpoint directory")
+    serve.add_argument("run_dir", metavar="RUN_DIR", help="a policy run (π0, π0.5 or SmolVLA) trained on "
+                       "data.source=lerobot:DIR, the FILE.safetensors `zerojax export` wrote of one, or a LeRobot "
+                       "checkpoint directory of one of those families")
     serve.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
@@ -45,7 +46,7 @@ def run(args) -> int:
     from zerojax import serve
 
     serve.require()  # the extra, before a model is loaded
-    from zerojax.serve import policy, server
+    from zerojax.serve import loaders, server
 
     try:  # the cheap check first: a port in use is said before the model is loaded and compiled
         sock = server.bind(args.host, args.port)
@@ -53,7 +54,7 @@ def run(args) -> int:
         raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
                           "choose another --port or --host") from None
     with sock:
-        served = policy.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
+        served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed, args.tokenizer,
                              args.vision_heads, args.max_batch, args.rtc_jacobian)
         print(f"zerojax: serving {served.where}: sample_actions compiled in {served.compile_s:.1f} s, "
               f"then {served.call_ms:.1f} ms a call ({args.num_steps} steps)", file=sys.stderr)

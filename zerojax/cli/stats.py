@@ -1,11 +1,11 @@
 """`zerojax stats DIR`: a LeRobot v3.0 dataset's statistics (min, max, mean, std, count, q01, q10,
-q50, q90, q99 of every feature), as LeRobot 0.6.1 computes them (`zerojax.data.stats`), written to
+q50, q90, q99 of every feature), as LeRobot 0.6.1 computes them (`zerojax.data.lerobot.stats`), written to
 DIR/meta/stats.json where the dataset has none (or to --out), alone or split over the processes of
 a multi-process run (process 0 writes): the flags, or the launch the environment describes, as for
 `zerojax train` (mesh.detect_launch). It imports jax for that alone; the statistics are numpy.
 
 `--relative-actions` takes the action's statistics of relative actions, as openpi computes them
-after its DeltaActions transform (`zerojax.data.stats.Relative`): chunks of --horizon actions (or a
+after its DeltaActions transform (`zerojax.data.lerobot.stats.Relative`): chunks of --horizon actions (or a
 run's data.action_horizon, --run RUN_DIR) minus the frame's state, the joints --exclude names kept
 absolute; written to DIR/meta/stats_relative.json by default, so the absolute ones stay in place."""
 
@@ -42,7 +42,7 @@ def arguments(stats: Parser) -> None:
 
 def relative(args):
     """The --relative-actions flags as a `stats.Relative`, or None; ConfigError if they disagree."""
-    from zerojax.data.stats import Relative
+    from zerojax.data.lerobot.stats import Relative
 
     if not args.relative_actions:
         given = [f for f, v in (("--exclude", args.exclude), ("--horizon", args.horizon), ("--run", args.run)) if v]
@@ -95,7 +95,7 @@ def target(args) -> Path:
 
 
 def run(args) -> int:
-    from zerojax.data import stats
+    from zerojax.data.lerobot import stats
 
     out, chunks = target(args), relative(args)
     if chunks:  # the dataset's names and widths, checked before any frame is read

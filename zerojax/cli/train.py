@@ -32,6 +32,7 @@ def jax_process_index() -> int:
 
 def run(args) -> int:
     from zerojax import train
+    from zerojax.data import idle
     from zerojax.parallel import mesh
 
     xla_preset(args)
@@ -42,7 +43,7 @@ def run(args) -> int:
         sys.stdout = open(os.devnull, "w")
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
           f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, "
-          f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}")
+          f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}{idle.start_note(setup.source)}")
     if origins:  # a policy's: where its shapes, normalization, tokenizer and schedule came from
         print(f"zerojax: {policy_keys.describe(origins, cfg)}")
     if setup.resume_step:

@@ -3,9 +3,11 @@ rules between keys. Importing it imports no jax.
 
     sections.py   one frozen dataclass per YAML section, each checking itself
     rules.py      the enumerations (the CLI's choices) and every rule between keys, once
+    normalization.py  LeRobot's normalization modes, and each one's spelling on each side
     load.py       defaults <- YAML <- KEY=VALUE, with suggestions for unknown keys
     values.py     parsing a YAML or command-line value to a field's type
     hf_config.py  a Hugging Face config.json as model keys, through the family's layout
+    openpi_dir.py an openpi checkpoint directory (params/, assets/): its tree's shapes, statistics, family
     policy_keys.py  the run keys a policy's model and checkpoint set (shapes, normalization, tokenizer, optimizer)
     devices.py    device kinds (peak FLOP/s, memory, bandwidths) for `zerojax plan` and MFU; sizes
 

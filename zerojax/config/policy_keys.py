@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zerojax.config import rules
 from zerojax.config.hf_config import read_json_object
+from zerojax.config.normalization import NormalizationMode
 from zerojax.config.sections import Config, VisionConfig
 from zerojax.config.values import _field_type, coerce
 from zerojax.errors import ConfigError
@@ -80,11 +80,11 @@ def lerobot_keys(directory: str) -> dict:
     mapping = checkpoint.get("normalization_mapping") or {}
     for kind, key in NORMALIZED.items():
         if kind in mapping:
-            mode = str(mapping[kind]).lower()
-            if mode not in rules.NORMALIZATIONS:
+            mode = NormalizationMode.of_lerobot(mapping[kind])
+            if mode is None:
                 raise ConfigError(f"{where}: normalization_mapping {kind}={mapping[kind]!r}; zerojax normalizes with "
-                                  f"{', '.join(m.upper() for m in rules.NORMALIZATIONS)}")
-            out[key] = mode
+                                  f"{', '.join(m.value for m in NormalizationMode)}")
+            out[key] = mode.config
     tokenizer = named_tokenizer(directory, checkpoint)
     if tokenizer:
         out["data.tokenizer"] = str(Path(tokenizer).resolve())

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import is_factory, is_lerobot, is_rows
+from zerojax.config.sections import MIXTURE, is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 from zerojax.models import registry
@@ -42,7 +42,8 @@ class Source(Protocol):
 
 # data.source kinds: name -> the module whose `spec(cfg)` and `open(cfg)` make its batches
 KINDS = {"tokens": "zerojax.data.sources", "lerobot": "zerojax.data.lerobot", "images": "zerojax.data.images",
-         "chat": "zerojax.data.chat"}
+         "chat": "zerojax.data.chat", "mixture": "zerojax.data.mixture"}
+ROBOT = ("lerobot", "mixture")  # the kinds of robot episodes, which a policy's adapter reads
 
 
 def kind_of(cfg) -> str:
@@ -52,6 +53,8 @@ def kind_of(cfg) -> str:
     instruction rows) or a token corpus."""
     if is_lerobot(cfg.data.source):
         return "lerobot"
+    if cfg.data.source == MIXTURE:  # several LeRobot datasets (data.mixture)
+        return "mixture"
     if is_factory(cfg.data.source):
         return "custom"
     if is_rows(cfg.data.source):
@@ -69,11 +72,11 @@ def check_fits(cfg, kind: str, compile_only: bool = False) -> None:
     batch (`PolicyAdapter.widest`), which any dataset that fits pads to."""
     family, source = cfg.model.family, cfg.data.source
     policy = registry.is_policy(family)
-    if policy and kind not in ("lerobot", "custom") and not compile_only:
+    if policy and kind not in (*ROBOT, "custom") and not compile_only:
         raise ConfigError(f"model.family={family} is a robot policy: it trains on a LeRobot dataset (data.source="
                           f"lerobot:DIR) or a source of your own (data.source=module:factory); data.source={source!r} "
                           f"is {SOURCE_WORDS[kind]}")
-    if kind == "lerobot" and registry.kind(family) is not None and not policy:
+    if kind in ROBOT and registry.kind(family) is not None and not policy:
         raise ConfigError(f"data.source={source!r} is a LeRobot dataset of robot episodes, which a policy family "
                           f"reads ({', '.join(registry.of_kind(POLICY))}); model.family={family} is a "
                           f"{registry.kind(family)}: give it text or image rows")
@@ -92,11 +95,17 @@ def batch_spec(cfg):
     if kind == "custom":
         return open_source(cfg).spec()
     adapter = registry.adapter(cfg.model.family)
-    if adapter is not None and kind != "lerobot":  # no dataset named: the model's widest batch
+    if adapter is not None and kind not in ROBOT:  # no dataset named: the model's widest batch
         return adapter.rows(_SpecOnly(adapter.widest(cfg)), cfg).spec()
     spec = importlib.import_module(KINDS[kind]).spec(cfg)
-    adapter = adapter if kind == "lerobot" else None
+    adapter = adapter if kind in ROBOT else None
     return adapter.rows(_SpecOnly(spec), cfg).spec() if adapter is not None else spec
+
+
+def features_spec(cfg) -> dict:
+    """The robot data's own features (a LeRobot dataset's or a mixture's, before a policy's
+    adapter), from the config and the datasets' info.json."""
+    return importlib.import_module(KINDS[kind_of(cfg)]).spec(cfg)
 
 
 def open_source(cfg) -> Source:
@@ -108,7 +117,9 @@ def open_source(cfg) -> Source:
     if kind == "custom":
         return custom_source(cfg)
     source = importlib.import_module(KINDS[kind]).open(cfg)
-    adapter = registry.adapter(cfg.model.family) if kind == "lerobot" else None
+    adapter = registry.adapter(cfg.model.family) if kind in ROBOT else None
+    if adapter is not None and kind == "mixture":  # each row's missing cameras masked (data.mixture)
+        return importlib.import_module(KINDS[kind]).Masked(adapter.rows(source, cfg), source)
     return adapter.rows(source, cfg) if adapter is not None else source
 
 

@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config import hf_model_keys, read_json_object
+from zerojax.config import policy_keys
 from zerojax.config.hf_config import LEROBOT, init_source
+from zerojax.config.normalization import V03_MODES, NormalizationMode
 from zerojax.errors import ConfigError
-from zerojax.data.lerobot_meta import STAT_KEYS
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
 from zerojax.interop import lerobot_processors as processors
@@ -56,10 +57,6 @@ STATS_FILE = "stats.safetensors"  # `feature.stat` -> float32, as LeRobot 0.4's 
 # LeRobot 0.3.x's normalization modules: (module, the features it normalizes)
 BUFFERS = (("normalize_inputs", "input_features"), ("normalize_targets", "output_features"),
            ("unnormalize_outputs", "output_features"))
-MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "IDENTITY": ()}  # what 0.3.x buffers hold
-DATA_MODES = {"identity": "IDENTITY", "mean_std": "MEAN_STD", "min_max": "MIN_MAX"}  # data.norm_* -> LeRobot 0.3's
-QUANTILE_MODES = {"quantiles": "QUANTILES", "quantile10": "QUANTILE10"}  # and 0.4+'s (processor files) besides
-LEROBOT_MODES = {lerobot: data for data, lerobot in {**DATA_MODES, **QUANTILE_MODES}.items()}  # LeRobot's -> data.norm_*
 
 
 def read_config(directory: Path) -> dict:
@@ -168,6 +165,12 @@ def read_policy(directory) -> PolicyDir:
                      registry.pads_before(family) or image_padding(directory) == BEFORE)
 
 
+def named_tokenizer(directory) -> str | None:
+    """The tokenizer.json a LeRobot policy directory names where it is at hand
+    (`config.policy_keys.named_tokenizer`, which a run from the directory takes as data.tokenizer)."""
+    return policy_keys.named_tokenizer(directory, read_config(Path(directory)))
+
+
 def init_files(directory) -> dict:
     """RUN_DIR/lerobot_init/'s files (name -> bytes) for a run that starts from a LeRobot
     checkpoint: its config.json as it is, and its statistics (`read_stats`)."""
@@ -200,6 +203,9 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
         for key, value in load_file(init / STATS_FILE).items():
             feature, stat = key.rsplit(".", 1)
             stats.setdefault(feature, {})[stat] = value
+    if (run_dir / "mixture.json").is_file():  # data.source=mixture: no one dataset's statistics to write
+        raise ConfigError(f"{run_dir} trained on a mixture of datasets (mixture.json lists each one's statistics); "
+                          "exporting it with per-dataset normalization is not supported yet")
     data = {}
     if (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")
@@ -209,12 +215,12 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
     return base, stats, data
 
 
-def _data_config(data: dict, image_size: int, slots: int, modes: dict = DATA_MODES) -> dict:
+def _data_config(data: dict, image_size: int, slots: int, modes: tuple = V03_MODES) -> dict:
     """config.json's features, normalization_mapping and empty_cameras for the run's LeRobot
     dataset (`slots`: the model's camera slots, model.action.cameras: those the dataset does not
-    fill are LeRobot's empty cameras, all -1 and masked as zerojax trained them; `modes`: what the
-    LeRobot written can normalize with, data.norm_* -> its mode)."""
-    inputs, outputs, mapping = {}, {}, {"VISUAL": "IDENTITY"}
+    fill are LeRobot's empty cameras, all -1 and masked as zerojax trained them; `modes`: the
+    `NormalizationMode`s the LeRobot written can normalize with)."""
+    inputs, outputs, mapping = {}, {}, {"VISUAL": NormalizationMode.IDENTITY.value}
     for key, feature in data["features"].items():
         if key == ACTION:
             outputs[key] = {"type": "ACTION", "shape": [int(feature["shape"][-1])]}
@@ -223,11 +229,11 @@ def _data_config(data: dict, image_size: int, slots: int, modes: dict = DATA_MOD
         else:
             inputs[key] = {"type": "VISUAL", "shape": [3, image_size, image_size]}
     for key, kind in ((STATE, "STATE"), (ACTION, "ACTION")):
-        mode = data["modes"].get(key, "identity")
-        if mode not in modes:
+        mode = data["modes"].get(key, NormalizationMode.IDENTITY.config)
+        if NormalizationMode.of_config(mode) not in modes:
             raise ConfigError(f"the run normalized {key} with {mode!r}; LeRobot 0.3's π0 normalizes with "
-                              f"{', '.join(modes)} only, so --format lerobot cannot write it")
-        mapping[kind] = modes[mode]
+                              f"{', '.join(m.config for m in modes)} only, so --format lerobot cannot write it")
+        mapping[kind] = NormalizationMode.of_config(mode).value
     empty = slots - sum(key.startswith(CAMERA) for key in inputs)
     return {"input_features": inputs, "output_features": outputs, "normalization_mapping": mapping,
             "empty_cameras": empty}
@@ -256,16 +262,15 @@ def features_of(config: dict, stats: dict, where: str) -> tuple[dict, dict]:
     mapping = config.get("normalization_mapping") or {}
     norms = {}
     for key in (STATE, ACTION):
-        mode = LEROBOT_MODES.get(mapping.get(kinds[key], "IDENTITY"))
+        mode = NormalizationMode.of_lerobot(mapping.get(kinds[key], NormalizationMode.IDENTITY.value))
         if mode is None:
             raise ConfigError(f"{where}/config.json: normalization_mapping {kinds[key]}={mapping[kinds[key]]!r}; "
-                              f"zerojax applies {', '.join(LEROBOT_MODES)}")
-        need = STAT_KEYS[mode]
-        missing = [s for s in need if s not in stats.get(key, {})]
+                              f"zerojax applies {', '.join(m.value for m in NormalizationMode)}")
+        missing = [s for s in mode.stats if s not in stats.get(key, {})]
         if missing:
-            raise ConfigError(f"{where}: no {key} {'/'.join(missing)} statistics (normalization {mode}); the checkpoint "
-                              "holds none (0.3.x: buffers in model.safetensors; 0.4.x: its processor files)")
-        norms[key] = {"mode": mode, **{s: stats[key][s] for s in need}}
+            raise ConfigError(f"{where}: no {key} {'/'.join(missing)} statistics (normalization {mode.config}); the "
+                              "checkpoint holds none (0.3.x: buffers in model.safetensors; 0.4.x: its processor files)")
+        norms[key] = {"mode": mode.config, **{s: stats[key][s] for s in mode.stats}}
     return features, norms
 
 
@@ -275,13 +280,14 @@ def stat_tensors(config: dict, stats: dict) -> dict:
     mapping, out = config.get("normalization_mapping") or {}, {}
     for module, features in BUFFERS:
         for feature, spec in (config.get(features) or {}).items():
-            mode = mapping.get(spec.get("type"), "IDENTITY")
-            if mode not in MODE_STATS:
-                raise ConfigError(f"normalization_mapping {spec.get('type')}={mode!r}: LeRobot 0.3's π0 normalizes "
-                                  f"with {', '.join(MODE_STATS)} only")
-            for stat in MODE_STATS[mode]:
+            name = mapping.get(spec.get("type"), NormalizationMode.IDENTITY.value)
+            mode = NormalizationMode.of_lerobot(name)
+            if mode not in V03_MODES:
+                raise ConfigError(f"normalization_mapping {spec.get('type')}={name!r}: LeRobot 0.3's π0 normalizes "
+                                  f"with {', '.join(m.value for m in V03_MODES)} only")
+            for stat in mode.stats:
                 if stat not in stats.get(feature, {}):
-                    raise ConfigError(f"the run has no normalization statistic {feature}.{stat} ({mode}); train on a "
+                    raise ConfigError(f"the run has no normalization statistic {feature}.{stat} ({name}); train on a "
                                       "LeRobot dataset (data.source=lerobot:DIR) or start from a LeRobot checkpoint "
                                       "that has its statistics (model.init_from)")
                 value = np.asarray(stats[feature][stat], np.float32)
@@ -307,7 +313,7 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     v03 = layout.legacy(config)
     if data:
         config.update(_data_config(data, model["vision"]["image_size"], model["action"]["cameras"],
-                                   DATA_MODES if v03 else {**DATA_MODES, **QUANTILE_MODES}))
+                                   V03_MODES if v03 else tuple(NormalizationMode)))
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
@@ -342,9 +348,10 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
         else:
             yield from blocks_of(path)
 
-    (tmp := out.with_name(out.name + ".tmp")).mkdir(parents=True, exist_ok=True)
-    padding = {PADDING_KEY: BEFORE if registry.pads_before(model["family"]) else CENTRED}
-    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, padding), tensors, blocks, dtype)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    padding = BEFORE if registry.pads_before(model["family"]) else CENTRED
+    fill(create_safetensors(tmp / "model.safetensors", tensors, dtype, {PADDING_KEY: padding}), tensors, blocks, dtype)
     (tmp / "config.json").write_text(json.dumps(config, indent=4))
     if steps:
         processors.write(tmp, config, stats, steps, tokenizer)

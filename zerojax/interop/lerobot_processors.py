@@ -18,14 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from zerojax.config.policy_keys import named_tokenizer  # noqa: F401 - read where the run is configured
+from zerojax.config.normalization import NormalizationMode
 from zerojax.errors import ConfigError
 
 PRE, POST = "policy_preprocessor", "policy_postprocessor"
 FILES = (f"{PRE}.json", f"{POST}.json")  # what a run keeps of the checkpoint it started from
 NORMALIZERS = {"normalizer_processor": "normalizer_processor", "unnormalizer_processor": "unnormalizer_processor"}
-STATS_OF_MODE = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"),
-                 "QUANTILE10": ("q10", "q90"), "IDENTITY": ()}  # what LeRobot's normalizer reads
 
 
 def steps_of(kept: dict, default) -> tuple[list, list]:
@@ -44,13 +42,14 @@ def check_stats(config: dict, stats: dict) -> dict:
     mapping, out = config.get("normalization_mapping") or {}, {}
     features = {**(config.get("input_features") or {}), **(config.get("output_features") or {})}
     for feature, spec in features.items():
-        mode = mapping.get(spec.get("type"), "IDENTITY")
-        if mode not in STATS_OF_MODE:
-            raise ConfigError(f"normalization_mapping {spec.get('type')}={mode!r}: LeRobot normalizes with "
-                              f"{', '.join(STATS_OF_MODE)}")
-        missing = [s for s in STATS_OF_MODE[mode] if s not in stats.get(feature, {})]
+        name = mapping.get(spec.get("type"), NormalizationMode.IDENTITY.value)
+        mode = NormalizationMode.of_lerobot(name)
+        if mode is None:
+            raise ConfigError(f"normalization_mapping {spec.get('type')}={name!r}: LeRobot normalizes with "
+                              f"{', '.join(m.value for m in NormalizationMode)}")
+        missing = [s for s in mode.stats if s not in stats.get(feature, {})]
         if missing:
-            raise ConfigError(f"the run has no normalization statistic {feature}.{'/'.join(missing)} ({mode}); train "
+            raise ConfigError(f"the run has no normalization statistic {feature}.{'/'.join(missing)} ({name}); train "
                               "on a LeRobot dataset (data.source=lerobot:DIR) or start from a LeRobot checkpoint "
                               "that has its statistics (model.init_from)")
         if feature in stats:

@@ -1,6 +1,7 @@
 """openpi checkpoints in and out, for any family that declares an `OpenpiLayout` (π0's and π0.5's
-live in their own rooms: models/pi0_openpi.py, models/pi05_openpi.py). This module names no
-family: the layouts' `Rule`s say which openpi leaves hold which zerojax leaves, both ways.
+live in their own rooms: models/pi0/openpi.py, models/pi05/openpi.py, on
+models/paligemma_expert/openpi.py). This module names no family: the layouts' `Rule`s say which
+openpi leaves hold which zerojax leaves, both ways.
 
 An openpi checkpoint directory, as openpi's training writes a step (`training/checkpoints.py:
 save_state`) and its released checkpoints hold:

@@ -10,7 +10,7 @@ checkpoints map one to one. Where it differs from `models/llama.py`:
 - the LM head is always the token embedding (tied).
 
 Attention is multi-query or grouped-query (`model.n_kv_heads`) with Llama's rotary embedding
-(`llama.rope`, HF's rotate-half layout), scaled by 1/sqrt(head_dim); no biases. Softmax, norms
+(`decoder.rope`, HF's rotate-half layout), scaled by 1/sqrt(head_dim); no biases. Softmax, norms
 and the logits are computed in fp32.
 
 Left out (Gemma-2 and later): logit soft-capping (`final_logit_softcapping`,
@@ -34,48 +34,22 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, protocol
+from zerojax.models import attention, decoder, protocol
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
-from zerojax.models.llama import MLP, Attention
 from zerojax.precision import Policy
 
-STD = 0.02  # HF's initializer_range
+STD = decoder.STD
 ACTIVATION = "gelu_pytorch_tanh"  # HF's name for the one activation this family has
+RMSNorm, gelu_tanh = decoder.GemmaRMSNorm, decoder.gelu_tanh  # Gemma's norm and GeGLU's gate
 
 
-class RMSNorm(nnx.Module):
-    """transformers' GemmaRMSNorm: x / rms(x) * (1 + scale) in fp32, cast back to x's dtype."""
-
-    def __init__(self, d: int, eps: float, policy: Policy):
-        self.eps = eps
-        self.scale = nnx.Param(jnp.zeros((d,), policy.param))
-
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        x = x_BTD.astype(jnp.float32)
-        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(x_BTD.dtype)
-
-
-def gelu_tanh(x: jax.Array) -> jax.Array:
-    """HF's gelu_pytorch_tanh: torch's gelu(approximate="tanh")."""
-    return jax.nn.gelu(x, approximate=True)
-
-
-class DecoderLayer(nnx.Module):
-    """One pre-norm decoder layer: the unit a ZeRO-3 schedule gathers at a time."""
-
-    def __init__(self, d_model, n_heads, n_kv_heads, head_dim, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs,
-                 spec: attention.Spec = attention.Spec()):
-        self.input_layernorm = RMSNorm(d_model, eps, policy)
-        self.self_attn = Attention(d_model, n_heads, n_kv_heads, head_dim, theta, policy, rngs, spec)
-        self.post_attention_layernorm = RMSNorm(d_model, eps, policy)
-        self.mlp = MLP(d_model, d_ff, policy, rngs, activation=gelu_tanh)  # GeGLU
-
-    def __call__(self, x):
-        x_BTD, structure = protocol.unstream(x)
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), structure)
-        return protocol.stream(x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), structure)
+def DecoderLayer(d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, d_ff: int, theta: float, eps: float,
+                 policy: Policy, rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()) -> decoder.DecoderLayer:
+    """Gemma's decoder layer (`decoder.DecoderLayer` with its norm and GeGLU): the unit a ZeRO-3
+    schedule gathers at a time."""
+    return decoder.DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, theta, policy, rngs,
+                                norm=lambda d: RMSNorm(d, eps, policy), activation=gelu_tanh, spec=spec)
 
 
 class Gemma(nnx.Module):
@@ -91,9 +65,8 @@ class Gemma(nnx.Module):
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
-            return DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs,
-                                spec)
+        def make_layers(rngs: nnx.Rngs) -> decoder.DecoderLayer:
+            return DecoderLayer(d_model, n_heads, n_kv_heads, head_dim, d_ff, rope_theta, norm_eps, policy, rngs, spec)
 
         self.layers = make_layers(rngs)  # every leaf has a leading layer axis [L, ...]
         self.norm = RMSNorm(d_model, norm_eps, policy)
@@ -204,16 +177,10 @@ def to_hf_config(model: dict) -> dict:
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 
-LAYER = "model.layers.{i}."
 HF_TENSORS = {
     "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
     "norm/scale": Tensor("model.norm.weight"),
-    "layers/input_layernorm/scale": Tensor(LAYER + "input_layernorm.weight"),
-    "layers/post_attention_layernorm/scale": Tensor(LAYER + "post_attention_layernorm.weight"),
-    **{f"layers/self_attn/{p}/kernel": Tensor(LAYER + f"self_attn.{p}.weight", True)
-       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
-    **{f"layers/mlp/{p}/kernel": Tensor(LAYER + f"mlp.{p}.weight", True)
-       for p in ("gate_proj", "up_proj", "down_proj")},
+    **decoder.hf_tensors("layers", "model.layers.{i}."),
 }
 HF = HfLayout(architectures=("GemmaForCausalLM",), from_hf_config=from_hf_config, to_hf_config=to_hf_config,
               tensors=HF_TENSORS)

@@ -19,94 +19,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zerojax.errors import ConfigError
-from zerojax.models import attention, protocol, vocab_loss
+from zerojax.models import attention, decoder, protocol, vocab_loss
 from zerojax.models.family import LANGUAGE_MODEL, Family, HfLayout, Tensor, require
 from zerojax.models.flops import palm_flops_per_token
 from zerojax.precision import Policy
 
-STD = 0.02  # HF's initializer_range
+STD = decoder.STD
 TIED_BY_DEFAULT = False  # model.tie_embeddings=null: transformers' LlamaConfig does not tie
-
-
-def _dense(d_in: int, d_out: int, policy: Policy, rngs: nnx.Rngs):
-    return nnx.Linear(d_in, d_out, use_bias=False, dtype=policy.compute, param_dtype=policy.param,
-                      kernel_init=nnx.initializers.normal(STD), rngs=rngs)
-
-
-def _norm(d: int, eps: float, policy: Policy, rngs: nnx.Rngs):
-    return nnx.RMSNorm(d, epsilon=eps, dtype=policy.compute, param_dtype=policy.param, rngs=rngs)
-
-
-def rope(x_BTHK: jax.Array, theta: float, positions_BT: jax.Array | None = None) -> jax.Array:
-    """Rotary embedding, HF's rotate-half layout: the first and second halves of each head dim
-    are the pair rotated together by angle position x theta^(-2i/K). Positions 0..T-1 unless
-    given (packed rows restart them per example)."""
-    T, K = x_BTHK.shape[1], x_BTHK.shape[3]
-    inv_freq_K2 = 1.0 / (theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
-    pos_BT = jnp.arange(T, dtype=jnp.float32)[None] if positions_BT is None else positions_BT.astype(jnp.float32)
-    angles_BTK = jnp.concatenate([pos_BT[..., None] * inv_freq_K2] * 2, axis=-1)
-    cos, sin = jnp.cos(angles_BTK)[:, :, None], jnp.sin(angles_BTK)[:, :, None]
-    x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x_BTHK * cos + rotated * sin).astype(x_BTHK.dtype)
-
-
-class Attention(nnx.Module):
-    """Rotary grouped-query attention without biases (Llama's; Gemma's with its own head_dim),
-    scaled by head_dim ** -0.5, softmax in fp32; head h reads key/value head h // (H / G), as HF's
-    repeat_kv (`attention.attend`, computed as `spec` says: model.attention)."""
-
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, theta: float, policy: Policy,
-                 rngs: nnx.Rngs, spec: attention.Spec = attention.Spec()):
-        self.n_heads, self.n_kv_heads, self.theta, self.spec = n_heads, n_kv_heads, theta, spec
-        self.q_proj = _dense(d_model, n_heads * head_dim, policy, rngs)
-        self.k_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
-        self.v_proj = _dense(d_model, n_kv_heads * head_dim, policy, rngs)
-        self.o_proj = _dense(n_heads * head_dim, d_model, policy, rngs)
-
-    def __call__(self, x_BTD: jax.Array, structure: dict | None = None) -> jax.Array:
-        """`structure`: the batch's positions, segment ids or prefix (protocol.stream), if any."""
-        B, T, _ = x_BTD.shape
-        structure = structure or {}
-        pos_BT = structure.get("positions")
-        q_BTHK = rope(self.q_proj(x_BTD).reshape(B, T, self.n_heads, -1), self.theta, pos_BT)
-        k_BTGK = rope(self.k_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1), self.theta, pos_BT)
-        v_BTGK = self.v_proj(x_BTD).reshape(B, T, self.n_kv_heads, -1)
-        if "kv" in structure:  # decoding (protocol.decode_stack): the cache's keys, the updated cache passed on
-            structure["kv"], mask = protocol.cached_kv(structure["kv"], k_BTGK, v_BTGK, pos_BT)
-            k_BTGK, v_BTGK = structure["kv"]["k"], structure["kv"]["v"]
-        else:
-            mask = attention.of_structure(structure, T)
-        return self.o_proj(attention.attend(q_BTHK, k_BTGK, v_BTGK, mask, self.spec).reshape(B, T, -1))
-
-
-class MLP(nnx.Module):
-    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with `activation=jax.nn.silu` (Llama's)."""
-
-    def __init__(self, d_model: int, d_ff: int, policy: Policy, rngs: nnx.Rngs, activation=jax.nn.silu):
-        self.activation = activation
-        self.gate_proj = _dense(d_model, d_ff, policy, rngs)
-        self.up_proj = _dense(d_model, d_ff, policy, rngs)
-        self.down_proj = _dense(d_ff, d_model, policy, rngs)
-
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        return self.down_proj(self.activation(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
-
-
-class DecoderLayer(nnx.Module):
-    """One pre-norm decoder layer: the unit a ZeRO-3 schedule gathers at a time."""
-
-    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, theta, eps, policy: Policy, rngs: nnx.Rngs,
-                 spec: attention.Spec = attention.Spec()):
-        self.input_layernorm = _norm(d_model, eps, policy, rngs)
-        self.self_attn = Attention(d_model, n_heads, n_kv_heads, d_model // n_heads, theta, policy, rngs, spec)
-        self.post_attention_layernorm = _norm(d_model, eps, policy, rngs)
-        self.mlp = MLP(d_model, d_ff, policy, rngs)
-
-    def __call__(self, x):
-        x_BTD, structure = protocol.unstream(x)
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), structure)
-        return protocol.stream(x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), structure)
 
 
 class Llama(nnx.Module):
@@ -122,12 +41,13 @@ class Llama(nnx.Module):
 
         @nnx.split_rngs(splits=n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
-            return DecoderLayer(d_model, n_heads, n_kv_heads, d_ff, rope_theta, norm_eps, policy, rngs, spec)
+        def make_layers(rngs: nnx.Rngs) -> decoder.DecoderLayer:
+            return decoder.DecoderLayer(d_model, n_heads, n_kv_heads, d_model // n_heads, d_ff, rope_theta, policy,
+                                        rngs, norm=lambda d: decoder.rms_norm(d, norm_eps, policy, rngs), spec=spec)
 
         self.layers = make_layers(rngs)  # every leaf has a leading layer axis [L, ...]
-        self.norm = _norm(d_model, norm_eps, policy, rngs)
-        self.lm_head = None if tie_embeddings else _dense(d_model, vocab_size, policy, rngs)
+        self.norm = decoder.rms_norm(d_model, norm_eps, policy, rngs)
+        self.lm_head = None if tie_embeddings else decoder.dense(d_model, vocab_size, policy, rngs)
 
     def enter(self, batch):
         fields = protocol.text(batch)
@@ -222,17 +142,11 @@ def to_hf_config(model: dict) -> dict:
             "bos_token_id": None, "eos_token_id": None}
 
 
-LAYER = "model.layers.{i}."
 HF_TENSORS = {
     "embed_tokens/embedding": Tensor("model.embed_tokens.weight"),
     "norm/scale": Tensor("model.norm.weight"),
     "lm_head/kernel": Tensor("lm_head.weight", True),
-    "layers/input_layernorm/scale": Tensor(LAYER + "input_layernorm.weight"),
-    "layers/post_attention_layernorm/scale": Tensor(LAYER + "post_attention_layernorm.weight"),
-    **{f"layers/self_attn/{p}/kernel": Tensor(LAYER + f"self_attn.{p}.weight", True)
-       for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
-    **{f"layers/mlp/{p}/kernel": Tensor(LAYER + f"mlp.{p}.weight", True)
-       for p in ("gate_proj", "up_proj", "down_proj")},
+    **decoder.hf_tensors("layers", "model.layers.{i}."),
 }
 HF = HfLayout(architectures=("LlamaForCausalLM", "MistralForCausalLM"), from_hf_config=from_hf_config,
               to_hf_config=to_hf_config, tensors=HF_TENSORS,

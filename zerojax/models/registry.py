@@ -18,13 +18,13 @@ from zerojax.errors import ConfigError
 from zerojax.models.family import POLICY, VISION_LANGUAGE
 
 FAMILIES = {"gpt": "zerojax.models.gpt", "llama": "zerojax.models.llama", "gemma": "zerojax.models.gemma",
-            "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0",
-            "pi05": "zerojax.models.pi05", "smolvla": "zerojax.models.smolvla"}  # model.family -> module
+            "paligemma": "zerojax.models.paligemma", "pi0": "zerojax.models.pi0.model",
+            "pi05": "zerojax.models.pi05.model", "smolvla": "zerojax.models.smolvla.model"}  # model.family -> module
 DEFAULT = next(iter(FAMILIES))  # model.family's default: the first (GPT-2, the course's model)
 # model.<section> keys a family declares beyond the shared ones: section -> its dataclass, in a
 # module of the family's with no jax (the config imports it)
-SECTIONS = {"expert": "zerojax.models.pi0_keys:ExpertConfig", "action": "zerojax.models.pi0_keys:ActionConfig",
-            "smolvla": "zerojax.models.smolvla_keys:SmolVLAConfig"}
+SECTIONS = {"expert": "zerojax.models.vla.config:ExpertConfig", "action": "zerojax.models.vla.config:ActionConfig",
+            "smolvla": "zerojax.models.smolvla.config:SmolVLAConfig"}
 
 
 def sections() -> dict[str, type]:

@@ -5,7 +5,7 @@
 class attribute `COMPONENTS = {"vision": ("vision", "vision_embeddings", ...), ...}`, each name
 standing for patterns as `optim.freeze` reads them (a path, or a part whose whole subtree it
 covers). PaliGemma names `vision` and `decoder`; π0 names `vision`, `language`, `vlm`, `expert`
-and `action` (`models/pi0.py`). A written entry that is a component's name is that component;
+and `action` (`models/paligemma_expert/model.py` `components`). A written entry that is a component's name is that component;
 any other entry is a pattern, as before. LoRA on a component adapts every `nnx.Linear` kernel under
 it, unless the model's `LORA_KERNELS` names the kernel globs a component's LoRA adapts (π0.5: the
 expert's attention and MLP projections, not its adaptive norms' dense layers, as openpi's LoRA).

@@ -20,7 +20,7 @@ def plan_tables(doc: dict):
     yield Text(f"winner: {_key(winner)}: peak {human_bytes(winner['peak_bytes'])} of a {human_bytes(doc['budget_bytes'])}"
                f" budget, about {winner['step_s']:.3g} s a step, {winner['tokens_per_sec']:,.0f} tokens/s, "
                f"MFU {winner['mfu']:.0%} (estimated for {doc['devices']} x {doc['device']})")
-    yield Text("train with: zerojax train --config ... " + " ".join(winner["overrides"]))
+    yield Text(f"train with: {doc['train_command']}")
     faster = [c for c in doc["candidates"] if c["step_s"] < winner["step_s"] and not c["fits"]]
     if faster:
         yield Text(f"why the {len(faster)} faster candidates do not fit:")

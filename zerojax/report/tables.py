@@ -23,7 +23,9 @@ def emit(doc: dict, as_json: bool, render) -> None:
         if not console.is_terminal:
             console.width = 120  # piped or captured: no terminal width to fit, keep rows whole
         for item in render(doc):
-            console.print(item)
+            # A line of text is never broken by rich (the terminal wraps it): `plan`'s command stays
+            # one line that runs as printed when pasted or piped.
+            console.print(item, soft_wrap=isinstance(item, Text))
 
 
 def human_bytes(n: float) -> str:

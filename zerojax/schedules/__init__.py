@@ -9,6 +9,7 @@
     options.py     StepOptions: what a schedule needs of the config
     gspmd.py       zero.schedule=gspmd: the same stage as sharding annotations
     quant.py       block-quantized (int8, fp8) weight gathers
+    outer.py       the outer unit split by use: which of its leaves `enter` and `exit` read
 
 Schedules never name a model's attributes: they see the model through `models.protocol.Units`.
 

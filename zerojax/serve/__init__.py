@@ -1,9 +1,15 @@
-"""`zerojax serve`: a policy run (π0's today) behind openpi's websocket protocol, so that openpi's
+"""`zerojax serve`: a policy run (π0, π0.5, SmolVLA) behind openpi's websocket protocol, so that openpi's
 `WebsocketClientPolicy` (and the robot runtimes built on it) can drive it.
 
-    wire.py    msgpack with numpy arrays, as openpi_client.msgpack_numpy encodes them
-    policy.py  an observation in, an action chunk out, through training's own row functions
-    server.py  the websocket server (the `websockets` library's asyncio server)
+    wire.py         msgpack with numpy arrays, as openpi_client.msgpack_numpy encodes them
+    observation.py  an observation checked, normalized and tokenized through training's own row
+                    functions, and the actions back in the robot's units (openpi's transforms)
+    policy.py       the model between them: sample_actions jitted, real-time chunking, batches
+                    padded to a few compiled sizes, the warm-up (openpi's `Policy`)
+    loaders.py      a run directory, an export or a LeRobot policy directory, served
+                    (openpi's `create_trained_policy`)
+    server.py       the websocket server (the `websockets` library's asyncio server)
+    client.py       `zerojax client`: one observation sent as openpi's client sends it, the chunk timed
 
 Serving needs the `serve` extra (websockets, msgpack): `require` checks it, so that nothing
 here is imported by `import zerojax`.

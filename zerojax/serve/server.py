@@ -43,7 +43,7 @@ from websockets.asyncio import server as ws_server
 from websockets.frames import CloseCode
 
 from zerojax.serve import wire
-from zerojax.serve.policy import ObservationError
+from zerojax.serve.observation import ObservationError
 
 log = logging.getLogger("zerojax.serve")
 BAD_INPUT = (ObservationError, wire.WireError)

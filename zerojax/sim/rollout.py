@@ -15,7 +15,7 @@ max_path_length.
 current chunk's next D actions while the next chunk is computed from the observation at the
 request, and executes that chunk from its action D on (`Chunking`). Naive chunking then jumps at
 the seam; `--rtc` sends the unexecuted actions and the delay with the request, so that the
-policy's real-time chunking (zerojax/models/rtc.py) inpaints the new chunk to agree. The summary
+policy's real-time chunking (zerojax/models/vla/rtc.py) inpaints the new chunk to agree. The summary
 gives the mean action jump |a_t - a_t-1| at the seams and inside the chunks.
 
 `--policy expert` runs Meta-World's scripted expert through the same loop (one step a chunk:

@@ -9,6 +9,8 @@
     checkpoint.py  orbax save / restore / reshard
     export.py      a checkpoint as safetensors, a Hugging Face or a PEFT directory
     sample.py      generation, progress bar
+    answer.py      greedy answers of a vision-language run to its held-out examples, exact match
+    sinks.py       where a logged metrics line goes besides metrics.jsonl (TensorBoard, W&B)
 
 The package names the run's set-up and loop (`prepare`, `build`, `run` and what they hand
 around), so importing any of its modules imports the loop too; the rest is `train.MODULE.NAME`.

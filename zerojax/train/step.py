@@ -21,6 +21,7 @@ from zerojax.schedules import gspmd
 from zerojax.optim import offload as offload_lib
 from zerojax.parallel import mesh as mesh_lib
 from zerojax import data as data_lib
+from zerojax.data import augment as augment_lib
 from zerojax.config import Config, LoraConfig, ModelConfig
 from zerojax.errors import ConfigError
 from zerojax.models.protocol import Units
@@ -58,6 +59,7 @@ class Engine:
     options: StepOptions
     offload: offload_lib.Offload = offload_lib.Offload()
     ema: float = 0.0  # optim.ema: the decay of the trained weights' moving average (0: none kept)
+    augment: augment_lib.Augment | None = None  # data.augment: the training images' augmentation (None: none)
 
     def view(self, master):
         """The model over the compute view of the master weights (eval, sampling)."""
@@ -93,7 +95,7 @@ def make_engine(cfg: Config, mesh: Mesh) -> Engine:
                   lr_schedule=make_schedule(cfg.optim, cfg.train.steps), scaler=scaler,
                   unit_schedule=z.schedule, options=StepOptions(cfg.train.grad_accum, cfg.model.remat, z.prefetch,
                                                                 z.reshard_after_forward),
-                  offload=offload_lib.Offload(z.offload), ema=cfg.optim.ema)
+                  offload=offload_lib.Offload(z.offload), ema=cfg.optim.ema, augment=augment_lib.make(cfg))
 
 
 def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
@@ -109,6 +111,8 @@ def make_train_step(engine: Engine, abstract_state: TrainState | None = None):
     frozen = engine.plan.frozen
 
     def train_step(state: TrainState, batch_BS: jax.Array):
+        if engine.augment is not None:  # data.augment: training images only, per (seed, step, row)
+            batch_BS = engine.augment(batch_BS, state.step)
         scale = state.loss_scale.scale
         # Gradients of the trained leaves only: frozen ones get none, so none is clipped,
         # reduced or applied, and they come out of the step as they went in.

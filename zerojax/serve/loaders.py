@@ -1,0 +1,147 @@
+"""The three ways a policy comes to be served, each a `ServedPolicy` compiled and warmed up by
+`load` (openpi's `create_trained_policy`): a run directory's checkpoint with its lerobot.json
+(`run_policy`), a safetensors file `zerojax export` wrote of such a run (`export_policy`), and a
+LeRobot policy directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
+weight is read, what is not a policy trained on LeRobot data (ConfigError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from zerojax.config.hf_config import LEROBOT, init_source
+from zerojax.data import corpus
+from zerojax.errors import ConfigError
+from zerojax.models import registry
+from zerojax.models.family import CAMERA, POLICY
+from zerojax.serve.policy import ServedPolicy
+
+
+def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
+         vision_heads: int | None = None, max_batch: int = 1, rtc_jacobian: bool = False) -> ServedPolicy:
+    """A policy, compiled and warmed up (for batches of up to `max_batch` observations): a run
+    directory's checkpoint (the newest, or `step`) and its lerobot.json, a safetensors file
+    `zerojax export` wrote of such a run (its config, lerobot.json and tokenizer travel in the
+    file's metadata: export.run_metadata), or a LeRobot policy directory (`lerobot_policy`:
+    `tokenizer` and `vision_heads` are for it alone). ConfigError, before any weight is read, for
+    a run that is not a policy trained on LeRobot data."""
+    served = _policy(Path(target), step, num_steps, seed, tokenizer, vision_heads)
+    served.max_batch, served.rtc_jacobian = max_batch, rtc_jacobian  # before the first trace
+    served.warm_up()
+    return served
+
+
+def _policy(target: Path, step, num_steps: int, seed: int, tokenizer, vision_heads) -> ServedPolicy:
+    """The loader `target` calls for, unwarmed."""
+    if target.is_dir() and init_source(target) == LEROBOT:
+        return lerobot_policy(target, step, num_steps, seed, tokenizer, vision_heads)
+    if tokenizer is not None or vision_heads is not None:
+        raise ConfigError(f"--tokenizer and --vision-heads are for a LeRobot checkpoint directory (its config.json "
+                          f"names no tokenizer and no tower heads); {target} is a zerojax run or export, which "
+                          "carries both: drop them")
+    if target.is_file():
+        return export_policy(target, step, num_steps, seed)
+    return run_policy(target, step, num_steps, seed)
+
+
+def export_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
+    """A `zerojax export` safetensors file of a policy run: its config, lerobot.json and tokenizer
+    travel in the file's metadata (export.run_metadata)."""
+    from zerojax.train import export
+
+    if step is not None:
+        raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {target} is an export of one "
+                          "step: drop --step, or give the run directory")
+    saved, step, metadata, weights = export.read_export(target)
+    where = f"{target} (exported at step {step})"
+    check_family(saved, where)
+    doc_text = metadata.get(export.RUN_FILE_KEY.format(name="lerobot.json"))
+    if doc_text is None:
+        raise ConfigError(f"{target}: the export carries no lerobot.json; zerojax serve needs the statistics and "
+                          "features of a run trained on data.source=lerobot:DIR (this run's data.source="
+                          f"{saved['data']['source']})")
+    tokenizer = None
+    if saved["data"].get("tokenizer"):
+        if export.TOKENIZER_KEY not in metadata:
+            raise ConfigError(f"{target}: the export carries no tokenizer (data.tokenizer="
+                              f"{saved['data']['tokenizer']} was not there when it was exported); export again")
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(metadata[export.TOKENIZER_KEY])
+    doc = json.loads(doc_text)
+    model = export.exported_model(saved, weights, str(target))
+    return _served(where, model, doc, tokenizer, saved, num_steps, seed)
+
+
+def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
+    """A run directory's checkpoint (the newest, or `step`), with the lerobot.json a run of
+    data.source=lerobot:DIR writes and its data.tokenizer."""
+    from zerojax.train import export
+
+    saved, step = export.saved_config(target, step)
+    where = f"{target} (step {step})"
+    check_family(saved, str(target))
+    doc_path = target / "lerobot.json"
+    if not doc_path.is_file():
+        raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
+                          f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
+    doc = json.loads(doc_path.read_text())
+    _, _, model = export.load_model(target, step)
+    tokenizer = corpus.load_tokenizer(saved["data"]["tokenizer"]) if saved["data"].get("tokenizer") else None
+    return _served(where, model, doc, tokenizer, saved, num_steps, seed)
+
+
+def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int, seed: int) -> ServedPolicy:
+    """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`."""
+    return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
+                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
+
+
+def check_family(saved: dict, where: str) -> None:
+    family = saved["model"]["family"]
+    if not registry.is_policy(family):
+        raise ConfigError(f"{where} is a {family} run (model.family={family}); zerojax serve and rollout take "
+                          f"policies: a run of model.family={' or '.join(registry.of_kind(POLICY))} trained on "
+                          "data.source=lerobot:DIR")
+
+
+# ---------------------------------------------------------------------------------------------
+# A LeRobot policy checkpoint (PI0Policy.save_pretrained's directory), served as LeRobot runs it.
+
+
+def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: str | None,
+                   vision_heads: int | None) -> ServedPolicy:
+    """A LeRobot policy directory served as LeRobot's `select_action` answers, with what
+    `interop.lerobot.read_policy` reads of it: its features (cameras in its order, CHW shapes read
+    as HWC frames), normalization, image padding (top and left: LeRobot 0.3.x's π0 and SmolVLA;
+    centred: 0.4+'s π0 and π0.5, openpi) and prompt length. `tokenizer`, a tokenizer.json, or the
+    one the directory names where it is at hand (`interop.lerobot.named_tokenizer`); LeRobot's π0
+    fetches PaliGemma's from the Hub, which its directory does not hold."""
+    from zerojax.interop import lerobot as lerobot_io
+
+    where = str(directory)
+    if step is not None:
+        raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {where} is a LeRobot checkpoint (one "
+                          "step): drop --step")
+    lerobot_io.read_config(directory)
+    tokenizer = tokenizer or lerobot_io.named_tokenizer(directory)
+    if tokenizer is None:
+        raise ConfigError(f"{where} is a LeRobot checkpoint, which does not carry its tokenizer (LeRobot's π0 loads "
+                          "google/paligemma-3b-pt-224's from the Hub; a SmolVLA names its SmolVLM, here not a local "
+                          "directory): give --tokenizer PATH, that model's tokenizer.json (or the one the policy was "
+                          "trained with)")
+    found = lerobot_io.read_policy(directory)
+    tok = corpus.load_tokenizer(tokenizer)
+    cfg, model = lerobot_io.load(directory, vision_heads)
+    if cfg.vision.image_size != found.image_size:
+        key = "resize_imgs_with_padding" if "resize_imgs_with_padding" in found.config else "image_resolution"
+        raise ConfigError(f"{where}/config.json: {key}={found.config.get(key)}, "
+                          f"but the tower reads {cfg.vision.image_size} x {cfg.vision.image_size} images")
+    cameras = [k for k in found.features if k.startswith(CAMERA)]
+    if len(cameras) > cfg.action.cameras:
+        raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
+    return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
+                        found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
+                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before)
