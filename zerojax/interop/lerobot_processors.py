@@ -88,3 +88,4 @@ def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokeni
                     step["config"]["tokenizer_name"] = tokenizer_dir(tokenizer)
             written.append(step)
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": written}, indent=2))
+
