@@ -7,6 +7,7 @@ import os
 import sys
 
 from zerojax import config, report
+from zerojax.config import policy_keys
 from zerojax.cli.args import Parser, add_xla_preset, positive_int, xla_preset
 
 HELP = "train a model (default: the tiny GPT on the stdlib corpus)"
@@ -35,7 +36,7 @@ def run(args) -> int:
     from zerojax.parallel import mesh
 
     xla_preset(args)
-    cfg = config.load(args.config, args.overrides)
+    cfg, origins = config.load_with_origins(args.config, args.overrides)
     mesh.init_distributed(cfg.mesh, args.coordinator, args.num_processes, args.process_id)
     setup = train.prepare(cfg)
     if jax_process_index() != 0:  # process 0 speaks for the run
@@ -43,6 +44,8 @@ def run(args) -> int:
     print(f"zerojax: training {cfg.name} ({cfg.model.family}): {setup.mesh.devices.size} "
           f"{setup.mesh.devices.flat[0].platform} devices, mesh {dict(setup.mesh.shape)}{mesh.shape_note(cfg.mesh)}, "
           f"stage {cfg.zero.stage}, compute {setup.engine.policy.compute.name}{idle.start_note(setup.source)}")
+    if origins:  # a policy's: where its shapes, normalization, tokenizer and schedule came from
+        print(f"zerojax: {policy_keys.describe(origins, cfg)}")
     if setup.resume_step:
         print(f"zerojax: resuming from the checkpoint at step {setup.resume_step} in {cfg.run_dir}/checkpoints")
     result = train.run(cfg, show_progress=not args.no_progress, setup=setup)

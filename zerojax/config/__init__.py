@@ -8,6 +8,7 @@ rules between keys. Importing it imports no jax.
     values.py     parsing a YAML or command-line value to a field's type
     hf_config.py  a Hugging Face config.json as model keys, through the family's layout
     openpi_dir.py an openpi checkpoint directory (params/, assets/): its tree's shapes, statistics, family
+    policy_keys.py  the run keys a policy's model and checkpoint set (shapes, normalization, tokenizer, optimizer)
     devices.py    device kinds (peak FLOP/s, memory, bandwidths) for `zerojax plan` and MFU; sizes
 
 The package names the sections, loading and the config.json readers; the enumerations are
@@ -15,7 +16,7 @@ The package names the sections, loading and the config.json readers; the enumera
 """
 
 from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object
-from zerojax.config.load import dump, file_in_the_way, load, to_dict
+from zerojax.config.load import dump, file_in_the_way, load, load_with_origins, to_dict
 from zerojax.config.rules import EXPORT_FORMATS, EXPORT_WEIGHTS
 from zerojax.config.sections import (Config, DataConfig, LoraConfig, MeshConfig, ModelConfig, OptimConfig,
                                      PrecisionConfig, SharedModelConfig, TrainConfig, VisionConfig, ZeroConfig)
@@ -24,5 +25,5 @@ from zerojax.errors import ConfigError
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_WEIGHTS", "Config", "ConfigError", "DataConfig", "LoraConfig", "MeshConfig",
            "ModelConfig", "OptimConfig", "PrecisionConfig", "SharedModelConfig", "TrainConfig", "VisionConfig",
-           "ZeroConfig", "coerce", "dump", "file_in_the_way", "hf_model_keys", "lerobot_dir", "load",
+           "ZeroConfig", "coerce", "dump", "file_in_the_way", "hf_model_keys", "lerobot_dir", "load", "load_with_origins",
            "read_json_object", "to_dict"]

@@ -8,7 +8,8 @@ import difflib
 from pathlib import Path
 from typing import Any
 import yaml
-from zerojax.config.hf_config import hf_model_keys
+from zerojax.config import policy_keys
+from zerojax.config.hf_config import LEROBOT, hf_model_keys, init_source
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
 from zerojax.config.values import _field_type, _is_mapping, coerce
@@ -133,6 +134,12 @@ def parse_override(text: str) -> tuple[str, str]:
 
 def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file (its stem names the run), then KEY=VALUE overrides."""
+    return load_with_origins(path, overrides)[0]
+
+
+def load_with_origins(path: str | Path | None = None, overrides: list[str] = ()) -> tuple[Config, dict]:
+    """`load`'s Config, and where each policy setting came from (`policy_keys`: key -> checkpoint,
+    config or default; empty for a run that is not a policy's)."""
     tree: dict = {}
     if path is not None:
         path = Path(path)
@@ -151,8 +158,15 @@ def load(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
             _set(tree, key, value)
     for text in overrides:
         _set(tree, *parse_override(text))
+    origins: dict = {}
+    given = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.get("model", {}).items()}
     _from_hugging_face(tree)
-    return _build(tree)
+    from_dir = given.get("init_from") if given.get("init_from") and Path(given["init_from"]).is_dir() else ""
+    policy_keys.policy_shapes(tree, origins, given, from_dir)
+    if from_dir and init_source(from_dir) == LEROBOT:
+        policy_keys.carry(tree, origins, policy_keys.lerobot_keys(from_dir), f"model.init_from={from_dir}")
+    policy_keys.reported(tree, origins)
+    return _build(tree), origins
 
 
 def _from_hugging_face(tree: dict) -> None:

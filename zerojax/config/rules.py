@@ -51,7 +51,7 @@ def gather_stages(gather: str, schedule: str) -> tuple[int, ...]:
 
 def check_between_keys(cfg) -> None:
     """The rules between the keys of a `Config` (its sections have checked their own values)."""
-    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab):
+    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab, _decay):
         rule(cfg)
 
 
@@ -84,6 +84,14 @@ def _byte_vocab(cfg) -> None:
     if byte_corpus and model.vocab_size < 256:
         raise ConfigError(f"model.vocab_size={model.vocab_size} is too small for the byte corpus "
                           f"data.source={data.source}; it needs model.vocab_size >= 256")
+
+
+def _decay(cfg) -> None:
+    opt = cfg.optim
+    if opt.schedule == "constant" and (opt.decay_steps or opt.final_lr is not None):
+        key = "decay_steps" if opt.decay_steps else "final_lr"
+        raise ConfigError(f"optim.{key} shapes the cosine decay, and optim.schedule=constant has none; use "
+                          f"optim.schedule=cosine, or leave optim.{key} out")
 
 
 def profile_range(text: str, steps: int) -> tuple[int, int] | None:

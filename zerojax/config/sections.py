@@ -212,10 +212,11 @@ class DataConfig:
     train_on: str = "assistant"  # chat rows: the loss counts the assistant's turns and completions | all (every token)
     pack: bool = True  # chat rows: several examples to a row, never attending across (false: one a row, padded)
     too_long: str = "error"  # chat rows: an example over model.seq_len + 1 tokens is an error (exit 2) | drop (counted)
-    # data.source=lerobot:DIR (zerojax.data.lerobot); the defaults are LeRobot's pi0
-    action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (LeRobot's chunk_size)
-    image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1]
-    prompt_len: int = 48  # the task prompt's tokens, truncated or padded (LeRobot's tokenizer_max_length)
+    # data.source=lerobot:DIR (zerojax.data.lerobot); a policy family's three shapes are its model's
+    # (config.policy_keys: set from them, a contradiction is an error); these defaults are for other models
+    action_horizon: int = 50  # actions per chunk: the frame's and the next H-1 (a policy: model.action.horizon)
+    image_size: int = 224  # camera frames resized with padding to image_size x image_size, in [-1, 1] (a policy: model.vision.image_size)
+    prompt_len: int = 48  # the task prompt's tokens, truncated or padded (a policy: model.action.prompt_len)
     norm_state: str = "mean_std"  # observation.state from meta/stats.json: identity | mean_std | min_max | quantiles | quantile10
     norm_action: str = "mean_std"  # action, likewise (LeRobot's pi05: quantiles for both)
     cameras: tuple[str, ...] = ()  # observation.images.<camera> to read; empty = every camera of the dataset
@@ -401,8 +402,10 @@ class OptimConfig:
     eps: float = 1e-8  # Adam denominator epsilon
     weight_decay: float = 0.1  # decoupled weight decay (never on norms and biases)
     clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
-    warmup_steps: int = 50  # linear warmup from 0 to lr
-    schedule: str = "cosine"  # after warmup: cosine (to lr/10 at the last step) | constant
+    warmup_steps: int = 50  # linear warmup from 0 to lr (with decay_steps: LeRobot's, from lr/(warmup+1))
+    schedule: str = "cosine"  # after warmup: cosine (to final_lr at the last step, or over decay_steps) | constant
+    decay_steps: int = 0  # cosine: LeRobot's cosine_decay_with_warmup, over steps 0..decay_steps (both it and warmup scaled by train.steps/decay_steps when the run is shorter); 0 = from warmup's end to the last step
+    final_lr: float | None = None  # cosine: the lr the decay ends at (LeRobot's scheduler_decay_lr); null = lr/10
     freeze: tuple[str, ...] = ()  # parameter-path patterns, or components the model names (vision, vlm, ...), that are not trained
     ema: float = 0.0  # decay of an exponential moving average of the trained weights (openpi: 0.99); 0 = off
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters on a frozen base
@@ -419,6 +422,9 @@ class OptimConfig:
         _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
         _choice("optim.schedule", self.schedule, LR_SCHEDULES)
+        _at_least("optim.decay_steps", self.decay_steps, 0)
+        if self.final_lr is not None:
+            _finite("optim.final_lr", self.final_lr, 0)
         if not 0.0 <= self.ema < 1.0:
             raise ConfigError(f"optim.ema={self.ema} must be in [0, 1): the EMA's decay per step (openpi's is 0.99), "
                               "0 for no EMA")

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config import hf_model_keys, read_json_object
+from zerojax.config import policy_keys
 from zerojax.config.hf_config import LEROBOT, ZEROJAX_FILE, init_source
 from zerojax.config.normalization import V03_MODES, NormalizationMode
 from zerojax.data import corpus
@@ -188,22 +189,10 @@ def _recorded_dataset(directory: Path) -> tuple[float, dict]:
 
 
 def named_tokenizer(directory) -> str | None:
-    """The tokenizer.json a LeRobot policy directory names where it is at hand: its preprocessor's
-    tokenizer step's `tokenizer_name` (what LeRobot tokenizes with; a zerojax export writes the
-    run's data.tokenizer there), else its family's `LeRobotLayout.tokenizer` (SmolVLA's local
-    SmolVLM directory), each as a path from the policy's directory (a zerojax export's
-    TOKENIZER_DIR), the current directory or one above the policy's; else None."""
-    directory = Path(directory)
-    config = read_config(directory)
-    pipeline = directory / "policy_preprocessor.json"
-    steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
-    names = [s.get("config", {}).get("tokenizer_name") for s in steps if isinstance(s, dict)]
-    for name in filter(None, names):  # a zerojax export names its own copy, relatively to itself
-        for base in (directory.resolve(), Path.cwd(), *directory.resolve().parents):
-            if (base / name / "tokenizer.json").is_file():
-                return str(base / name / "tokenizer.json")
-    _, layout = registry.lerobot_layouts()[config["type"]]
-    return layout.tokenizer(config, str(directory))
+    """The tokenizer.json a LeRobot policy directory names where it is at hand
+    (`config.policy_keys.named_tokenizer`, which a run from the directory takes as data.tokenizer;
+    a zerojax export's own copy first)."""
+    return policy_keys.named_tokenizer(directory, read_config(Path(directory)))
 
 
 def init_files(directory) -> dict:

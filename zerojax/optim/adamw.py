@@ -4,7 +4,8 @@ the device (`Optimizer.in_place`; `offload.streamed` is the same update through 
 
 Weight decay is decoupled (AdamW) and masked off norms' scales and all biases: decaying them
 only pulls LayerNorm gains towards zero. The learning rate warms up linearly and then follows
-a cosine down to a tenth of its peak at the last step (or stays constant). Frozen parameters
+a cosine down to optim.final_lr (a tenth of its peak) at the last step (or stays constant); with
+optim.decay_steps, LeRobot's cosine_decay_with_warmup (`lerobot_cosine`). Frozen parameters
 (`optim.freeze` patterns, a LoRA base) are not the optimizer's at all: the step hands it the
 trained leaves only, so frozen ones have no optimizer state, no master copy and no update.
 
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 import fnmatch
 from typing import Any, Callable
 import jax
+import jax.numpy as jnp
 import optax
 from zerojax.errors import ConfigError
-from zerojax.config import OptimConfig
+from zerojax.config import OptimConfig, policy_keys
 from zerojax.optim.components import expand, names_hint
 from zerojax.parallel.trees import path_name
 
@@ -30,12 +32,33 @@ NO_DECAY = ("bias", "scale")
 
 
 def make_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    if cfg.decay_steps:
+        return lerobot_cosine(cfg, total_steps)
     warmup = min(cfg.warmup_steps, total_steps)
     if cfg.schedule == "constant":
         after = optax.constant_schedule(cfg.lr)
     else:
-        after = optax.cosine_decay_schedule(cfg.lr, max(total_steps - warmup, 1), alpha=0.1)
+        alpha = 0.1 if cfg.final_lr is None else cfg.final_lr / cfg.lr if cfg.lr else 0.0
+        after = optax.cosine_decay_schedule(cfg.lr, max(total_steps - warmup, 1), alpha=alpha)
     return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), after], [warmup])
+
+
+def lerobot_cosine(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    """LeRobot 0.6.1's cosine_decay_with_warmup (optim/schedulers.py, the π0/π0.5/SmolVLA
+    preset), step k being the k-th update: a linear warmup from lr/(W+1) at step 0 to lr at step
+    W, and from step W on a cosine over steps 0..D from lr to final_lr (lr/10 if unset), flat
+    after D; W and D scaled as `config.policy_keys.scaled` does for a run shorter than D."""
+    warmup, decay = policy_keys.scaled(cfg.warmup_steps, cfg.decay_steps, total_steps)
+    peak, final = cfg.lr, cfg.lr / 10 if cfg.final_lr is None else cfg.final_lr
+
+    def schedule(count):
+        count = jnp.asarray(count, jnp.float32)
+        cosine = final + (peak - final) * 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(count, decay) / decay))
+        start = 1 / (warmup + 1)  # LeRobot's (start - 1)(1 - k/W) + 1, without its cancellation in float32
+        warm = peak * (start + (1 - start) * count / max(warmup, 1))
+        return jnp.where(count < warmup, warm, cosine)
+
+    return schedule
 
 
 def decay_mask(params):
