@@ -14,7 +14,7 @@ from PIL import Image
 
 from conftest import ROOT, one_error_line
 from zerojax import cli
-from zerojax.serve import client, policy, server
+from zerojax.serve import client, loaders, server
 
 CHECKPOINT = ROOT / "tests" / "fixtures" / "lerobot06" / "pi05"  # two cameras, cam0 and cam1; H = 4
 DATASET = ROOT / "tests" / "fixtures" / "lerobot06" / "dataset"  # LeRobot 0.6.1's: 16 frames, one camera, cam0
@@ -24,7 +24,7 @@ FRAME = 5
 
 @pytest.fixture(scope="module")
 def served():
-    return policy.load(CHECKPOINT, num_steps=2, seed=7, vision_heads=2)
+    return loaders.load(CHECKPOINT, num_steps=2, seed=7, vision_heads=2)
 
 
 @pytest.fixture
