@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import stat
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@ data.lerobot_augment.*.
 
 Where: on the device, inside the jitted train step (`train.step.make_train_step`), on the
 policy batch's camera images (`images` float32 [B, C, 3, S, S] in [-1, 1] and `image_masks` bool
-[B, C], every built-in policy's batch: `models/pi0_batch.py`). Evaluation (`make_eval_step`),
+[B, C], every built-in policy's batch: `models/vla/batch.py`). Evaluation (`make_eval_step`),
 `zerojax serve` and `rollout` never call it. A camera slot the dataset lacks (masked) stays as
 it was.
 
