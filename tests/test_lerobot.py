@@ -340,7 +340,7 @@ def test_pi0_reads_the_dataset_as_its_batch():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("data.action_horizon=3", "data.action_horizon=3 and model.action.horizon=2 disagree"),
+    ("data.action_horizon=3", "data.action_horizon=3 contradicts model.action.horizon=2 (set in the config)"),
     ("model.action.max_state_dim=2", "observation.state has 3 dimensions, more than model.action.max_state_dim=2"),
     ("model.action.action_dim=1", "action has 2 dimensions, more than model.action.action_dim=1"),
     ("model.action.cameras=1", "has 2 cameras (observation.images.front, observation.images.wrist), more than "

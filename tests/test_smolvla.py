@@ -6,6 +6,7 @@ them) train on 8 devices at stage 3 as on one, each gathered once per pass."""
 
 import json
 import shutil
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -114,12 +115,15 @@ def test_each_unit_is_gathered_once_per_pass_with_both_streams():
 # scripts/checks/check_smolvla_export.py loads an export in LeRobot 0.6.1 itself.
 
 
-def tokenizers_resolved(doc: dict) -> dict:
-    """A processor file with its tokenizer step's directory as an absolute path: the run took the
-    checkpoint's tokenizer (its relative `tokenizer_name`) as data.tokenizer, which the export names."""
+def tokenizers_resolved(doc: dict, directory: Path) -> dict:
+    """A processor file with its tokenizer step's directory read as the tokenizer.json it holds:
+    the run took the checkpoint's tokenizer (its `tokenizer_name`, relative to the repository) as
+    data.tokenizer, and the export carries a copy of it in its own `tokenizer/`, named relatively."""
     for step in doc.get("steps", []):
-        if step.get("config", {}).get("tokenizer_name"):
-            step["config"]["tokenizer_name"] = str((ROOT / step["config"]["tokenizer_name"]).resolve())
+        name = step.get("config", {}).get("tokenizer_name")
+        if name:
+            found = next(p for p in (directory / name, ROOT / name) if (p / "tokenizer.json").is_file())
+            step["config"]["tokenizer_name"] = (found / "tokenizer.json").read_text()
     return doc
 
 
@@ -148,7 +152,7 @@ def test_import_on_8_devices_and_export_give_every_tensor_and_file_bit_for_bit(i
     assert [k for k in fixture if out[k].tobytes() != fixture[k].tobytes()] == []
     for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
         got, want = json.loads((tmp_path / "out" / name).read_text()), json.loads((FIXTURE / "smolvla" / name).read_text())
-        assert tokenizers_resolved(got) == tokenizers_resolved(want)
+        assert tokenizers_resolved(got, tmp_path / "out") == tokenizers_resolved(want, FIXTURE / "smolvla")
     for name in ("policy_preprocessor_step_5_normalizer_processor.safetensors",
                  "policy_postprocessor_step_0_unnormalizer_processor.safetensors"):
         want = load_file(FIXTURE / "smolvla" / name)
