@@ -39,7 +39,8 @@ def arguments(serve: Parser) -> None:
                        "(default: the one its processors or config name, where that is a local directory; "
                        "LeRobot's π0 fetches PaliGemma's from the Hub, and its directory holds none)")
     serve.add_argument("--vision-heads", type=positive_int, metavar="N", help="a LeRobot checkpoint: the tower's "
-                       "attention heads, which its config.json does not name (default 16, So400m's)")
+                       "attention heads, which its config.json does not name (a zerojax export records them in "
+                       "zerojax.json; otherwise default 16, So400m's)")
 
 
 def run(args) -> int:
