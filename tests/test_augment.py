@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, run
 from test_family import LEROBOT_TINY, POLICY_KEYS
 from zerojax import config
-from zerojax.config.sections import LeRobotAugmentConfig, OpenpiAugmentConfig
+from zerojax.config.data import LeRobotAugmentConfig, OpenpiAugmentConfig
 from zerojax.data import augment
 from zerojax.errors import ConfigError
 

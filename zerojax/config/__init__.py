@@ -2,6 +2,7 @@
 rules between keys. Importing it imports no jax.
 
     sections.py   one frozen dataclass per YAML section, each checking itself
+    data.py       the data section: data.* (DataConfig, the augmentation's sub-sections), the kinds of data.source
     rules.py      the enumerations (the CLI's choices) and every rule between keys, once
     normalization.py  LeRobot's normalization modes, and each one's spelling on each side
     load.py       defaults <- YAML <- KEY=VALUE, with suggestions for unknown keys
@@ -18,7 +19,8 @@ The package names the sections, loading and the config.json readers; the enumera
 from zerojax.config.hf_config import hf_model_keys, lerobot_dir, read_json_object
 from zerojax.config.load import dump, file_in_the_way, load, load_with_origins, to_dict
 from zerojax.config.rules import EXPORT_FORMATS, EXPORT_WEIGHTS
-from zerojax.config.sections import (Config, DataConfig, LoraConfig, MeshConfig, ModelConfig, OptimConfig,
+from zerojax.config.data import DataConfig
+from zerojax.config.sections import (Config, LoraConfig, MeshConfig, ModelConfig, OptimConfig,
                                      PrecisionConfig, SharedModelConfig, TrainConfig, VisionConfig, ZeroConfig)
 from zerojax.config.values import coerce
 from zerojax.errors import ConfigError

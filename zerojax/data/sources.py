@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zerojax.config.sections import MIXTURE, is_factory, is_lerobot, is_rows
+from zerojax.config.data import MIXTURE, is_factory, is_lerobot, is_rows
 from zerojax.data import corpus as corpus_lib
 from zerojax.errors import ConfigError
 from zerojax.models import registry
