@@ -138,11 +138,11 @@ def test_a_mixture_trains_at_stage_3_on_8_devices_as_on_one(robot_b, tmp_path):
 
 
 def test_a_lerobot_export_of_a_mixtures_run_is_refused(tmp_path):
-    from zerojax.interop import lerobot as lerobot_interop
+    from zerojax.interop import lerobot_export
 
     (tmp_path / "mixture.json").write_text("{}")
     with pytest.raises(ConfigError, match="trained on a mixture of datasets .* not supported yet"):
-        lerobot_interop._run_policy(tmp_path)
+        lerobot_export._run_policy(tmp_path)
 
 
 def mixture_cfg_keys(robot_b):

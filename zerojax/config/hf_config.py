@@ -69,7 +69,7 @@ def lerobot_dir(directory) -> bool:
 
 LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "export", "openpi"  # what model.init_from can name
 # beside a zerojax export's config.json: what LeRobot's config.json has no field for (the model
-# keys no tensor's shape holds, the dataset's fps and feature names; `interop.lerobot.save`)
+# keys no tensor's shape holds, the dataset's fps and feature names; `interop.lerobot_export.save`)
 ZEROJAX_FILE = "zerojax.json"
 
 

@@ -16,7 +16,7 @@ from zerojax.config import EXPORT_FORMATS, EXPORT_WEIGHTS, LoraConfig, ModelConf
 from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
 from zerojax.interop import hf
-from zerojax.interop import lerobot
+from zerojax.interop import lerobot_export
 from zerojax.interop import openpi
 from zerojax.interop import peft
 from zerojax.interop import safetensors as safetensors_io
@@ -96,7 +96,7 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
     paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
     run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them;
-    `lerobot`, a π0 run as LeRobot's PI0Policy.from_pretrained loads it (`interop.lerobot.save`).
+    `lerobot`, a π0 run as LeRobot's PI0Policy.from_pretrained loads it (`interop.lerobot_export.save`).
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete. `weights`: `ema` (the trained leaves' optim.ema average, beside the frozen
@@ -160,7 +160,7 @@ def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: 
         stacked = _stacked(config["model"])
         return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))
     if fmt == "lerobot":
-        return lerobot.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
+        return lerobot_export.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
                             dtype=dtype, tokenizer=config["data"].get("tokenizer", ""))
     if fmt == "safetensors":
         return _export_safetensors(out, run_dir, config, step, shapes, dtype, blocks_of)
