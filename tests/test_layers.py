@@ -14,9 +14,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zerojax"
 # Bottom to top. A module may import its own part and the parts before it, never one after.
-LAYERS = ("errors", "formats", "precision", "models", "config", "parallel", "data", "schedules", "optim",
+LAYERS = ("errors", "formats", "checkpoints", "precision", "models", "config", "parallel", "data", "schedules", "optim",
           "interop", "train", "analysis", "report", "serve", "sim", "cli")
-NO_JAX = ("zerojax", "zerojax.errors", "zerojax.formats", "zerojax.config", "zerojax.models.registry",
+NO_JAX = ("zerojax", "zerojax.errors", "zerojax.formats", "zerojax.checkpoints.format", "zerojax.config", "zerojax.models.registry",
           "zerojax.models.flops", "zerojax.analysis.formulas", "zerojax.serve", "zerojax.sim", "zerojax.cli")
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from zerojax.cli.args import Parser, UsageError, parse_count
+from zerojax.checkpoints import format as checkpoints
 from zerojax.config import rules
 
 HELP = ("a run's (sharded) checkpoint as one safetensors file, a Hugging Face or PEFT directory, or a LeRobot "
@@ -17,7 +18,7 @@ def arguments(export: Parser) -> None:
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("--out", required=True,
                         help="FILE.safetensors (--format safetensors) or a new DIR (hf, peft, lerobot, openpi)")
-    export.add_argument("--format", choices=rules.EXPORT_FORMATS, default="safetensors",
+    export.add_argument("--format", choices=checkpoints.writable(), default="safetensors",
                         help="safetensors: zerojax's parameter paths; hf: what transformers loads; "
                              "peft: a LoRA run's adapters, as peft.PeftModel.from_pretrained loads them; "
                              "lerobot: a pi0, pi05 or smolvla run as LeRobot's from_pretrained loads it (0.6's layout with "

@@ -1,8 +1,10 @@
-"""A Hugging Face model directory as `model.init_from`: its config.json, read through the layout of
-the family that declares its architecture (`zerojax.models.registry`), gives the model's keys.
-A LeRobot policy directory (config.json with "type", no "architectures") likewise, through the
-layout of the family that declares its type, from config.json and model.safetensors' header.
-Generic: the families say which keys they read; nothing here names one."""
+"""The model keys of the checkpoint `model.init_from` names, by its format's record
+(`zerojax.checkpoints`, which says what the files are): a Hugging Face model directory's
+config.json, read through the layout of the family that declares its architecture
+(`zerojax.models.registry`); a LeRobot policy directory's (config.json with "type"), through the
+layout of the family that declares its type, from config.json and model.safetensors' header; an
+openpi tree's, from its shapes. Generic: the families say which keys they read; nothing here
+names one."""
 
 from __future__ import annotations
 
@@ -12,22 +14,13 @@ import struct
 import typing
 from pathlib import Path
 
+from zerojax.checkpoints import format as checkpoints
+from zerojax.checkpoints.format import json_object as read_json_object
 from zerojax.config import openpi_dir as openpi_files
 from zerojax.config.sections import ModelConfig
 from zerojax.config.values import coerce
 from zerojax.errors import ConfigError
 from zerojax.models import registry
-
-
-def read_json_object(path: Path, what: str) -> dict:
-    """The JSON object in `path` (ConfigError, naming the file, if it is not one)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not valid JSON ({err})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path} holds a JSON {type(doc).__name__}, not {what} (a JSON object)")
-    return doc
 
 
 def _refuse_variants(hf: dict, where: Path, family: str) -> dict:
@@ -56,40 +49,19 @@ def _coerced(prefix: str, values: dict, cls: type) -> dict:
     return out
 
 
-def is_lerobot(config: dict) -> bool:
-    """A LeRobot policy's config.json (`PreTrainedConfig`: "type"), not a Hugging Face model's."""
-    return "type" in config and "architectures" not in config
-
-
-def lerobot_dir(directory) -> bool:
-    """`directory` holds a LeRobot policy (its config.json says so)."""
-    where = Path(directory) / "config.json"
-    return where.is_file() and is_lerobot(read_json_object(where, "a config"))
-
-
-LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "export", "openpi"  # what model.init_from can name
+# what model.init_from can name: the checkpoint formats' names (`zerojax.checkpoints`)
+LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "safetensors", "openpi"
 # beside a zerojax export's config.json: what LeRobot's config.json has no field for (the model
 # keys no tensor's shape holds, the dataset's fps and feature names; `interop.lerobot_export.save`)
 ZEROJAX_FILE = "zerojax.json"
 
 
-def openpi_dir(directory) -> bool:
-    """`directory` is meant as an openpi checkpoint: no config.json, and params/ or assets/."""
-    path = Path(directory)
-    return not (path / "config.json").exists() and ((path / "params").exists() or (path / "assets").is_dir())
-
-
 def init_source(init_from) -> str:
-    """What `model.init_from` names, decided here alone: a LeRobot policy directory (config.json
-    with "type"), an openpi checkpoint directory (params/, assets/), a Hugging Face model
-    directory, or a file (a `zerojax export`); ConfigError if there is nothing there. Its files
-    are read and checked by their readers."""
-    path = Path(init_from)
-    if path.is_dir():
-        return LEROBOT if lerobot_dir(path) else OPENPI if openpi_dir(path) else HUGGING_FACE
-    if not path.is_file():
-        raise ConfigError(f"model.init_from={str(init_from)!r}: no such file or directory")
-    return EXPORT
+    """The checkpoint format of what `model.init_from` names (`zerojax.checkpoints`: a LeRobot
+    policy directory, an openpi checkpoint directory, a Hugging Face model directory, a zerojax
+    export file, ...), from its files alone; ConfigError if there is nothing there, or nothing
+    zerojax reads. Its files are read and checked by the format's reader."""
+    return checkpoints.detect(init_from).name
 
 
 def safetensors_header(path: Path) -> tuple[dict, int]:
@@ -115,10 +87,11 @@ def tensor_shapes(path: Path) -> dict:
         raise ConfigError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
 
 
-def lerobot_model_keys(directory: str, config: dict, given: dict) -> dict:
+def lerobot_model_keys(directory: str, given: dict) -> dict:
     """The model.* values of a LeRobot policy directory, through its type's layout; `given`: the
     model keys the user set (a size that no tensor's shape holds is taken from them)."""
     where = Path(directory) / "config.json"
+    config = read_json_object(where, "a LeRobot policy config")
     layouts = registry.lerobot_layouts()
     kind = config.get("type")
     if kind not in layouts:
@@ -197,19 +170,24 @@ def openpi_model_keys(directory: str, given: dict) -> dict:
 
 
 def hf_model_keys(directory: str, given: dict | None = None) -> dict:
-    """The model.* values a Hugging Face directory's config.json implies, or a LeRobot policy
-    directory's (ConfigError if it cannot be read or describes a model zerojax does not have).
-    `given`: the model keys the user set, which a LeRobot checkpoint may need (`lerobot_model_keys`)."""
+    """The model.* values the checkpoint directory `model.init_from` names implies, through its
+    format's reader (`zerojax.checkpoints`: a Hugging Face model's config.json, a LeRobot policy's,
+    an openpi tree's shapes); ConfigError if it cannot be read, describes a model zerojax does not
+    have, or holds no model (a PEFT adapter directory). `given`: the model keys the user set, which
+    a LeRobot or openpi checkpoint may need (`lerobot_model_keys`)."""
+    record = checkpoints.detect(directory)
+    if not record.model_keys:
+        raise ConfigError(f"model.init_from={str(directory)!r} is {record.what}, which holds no model to start "
+                          "from; give a model's checkpoint")
+    return checkpoints.call(record.model_keys, directory, given or {})
+
+
+def hf_dir_model_keys(directory: str, given: dict) -> dict:
+    """The model.* values a Hugging Face directory's config.json implies, through the layout of the
+    family that declares its architecture."""
     where = Path(directory) / "config.json"
-    if openpi_dir(directory):
-        return openpi_model_keys(directory, given or {})
-    if not where.is_file():
-        raise ConfigError(f"model.init_from={directory!r} is a directory without config.json; give a Hugging Face "
-                          "model directory (config.json and model.safetensors), a LeRobot policy directory, an "
-                          "openpi checkpoint directory (params/ and assets/) or a zerojax export file")
-    hf, architectures = read_json_object(where, "a Hugging Face config"), registry.hf_architectures()
-    if is_lerobot(hf):
-        return lerobot_model_keys(directory, hf, given or {})
+    architectures = registry.hf_architectures()
+    hf = read_json_object(where, "a Hugging Face config")
     archs = hf.get("architectures")
     if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
         raise ConfigError(f"{where}: architectures={archs!r} is not a list of model classes, "

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 import yaml
 from zerojax.config import policy_keys
-from zerojax.config.hf_config import LEROBOT, hf_model_keys, init_source
+from zerojax.checkpoints import format as checkpoints
+from zerojax.config.hf_config import hf_model_keys
 from zerojax.config.rules import RENAMED
 from zerojax.config.sections import Config
 from zerojax.config.values import _field_type, _is_mapping, coerce
@@ -163,8 +164,9 @@ def load_with_origins(path: str | Path | None = None, overrides: list[str] = ())
     _from_hugging_face(tree)
     from_dir = given.get("init_from") if given.get("init_from") and Path(given["init_from"]).is_dir() else ""
     policy_keys.policy_shapes(tree, origins, given, from_dir)
-    if from_dir and init_source(from_dir) == LEROBOT:
-        policy_keys.carry(tree, origins, policy_keys.lerobot_keys(from_dir), f"model.init_from={from_dir}")
+    record = checkpoints.detect(from_dir) if from_dir else None
+    if record and record.run_keys:  # what the checkpoint sets beyond the model (a LeRobot policy's recipe)
+        policy_keys.carry(tree, origins, checkpoints.call(record.run_keys, from_dir), f"model.init_from={from_dir}")
     policy_keys.reported(tree, origins)
     return _build(tree), origins
 

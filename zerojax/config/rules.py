@@ -28,7 +28,6 @@ DISTRIBUTED = ("auto", "off")  # mesh.distributed
 RESUMES = ("auto", "never")  # train.resume
 IDLE_ACTIONS = ("position", "velocity")  # data.filter_idle_actions: openpi's DROID action spaces (data.idle)
 AUGMENTS = ("none", "openpi", "lerobot")  # data.augment: image augmentation in the train step (data.augment)
-EXPORT_FORMATS = ("safetensors", "hf", "peft", "lerobot", "openpi")  # `zerojax export --format`
 EXPORT_DTYPES = ("float32", "bfloat16")  # `zerojax export --dtype`
 EXPORT_WEIGHTS = ("ema", "raw")  # `zerojax export --weights`: optim.ema's average or the weights themselves
 XLA_PRESETS = ("gpu",)  # --xla-preset: the names of parallel.mesh.XLA_PRESETS (which imports jax)

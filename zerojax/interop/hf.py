@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 from zerojax import data
 from zerojax.config import ModelConfig, hf_model_keys
-from zerojax.config.hf_config import HUGGING_FACE, LEROBOT, OPENPI, init_source
+from zerojax.checkpoints import format as checkpoints
 from zerojax.errors import ConfigError
 from zerojax.precision import Policy
 from zerojax.parallel import plan as plan_lib
@@ -42,7 +42,6 @@ from zerojax.models import registry
 from zerojax.models.family import Tensor
 from zerojax.models.protocol import Units
 from zerojax.optim.lora import is_adapter
-from zerojax.interop.openpi_tree import TreeCheckpoint
 from zerojax.interop.safetensors import Checkpoint, Entry, create_safetensors, fill, shard_plan
 
 
@@ -124,29 +123,31 @@ def sharded_params(ckpt: Checkpoint, table: dict, plan: plan_lib.Plan, mesh, sta
 
 
 def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
-    """(checkpoint, name table, stacked names) of `model.init_from` (what it names:
-    `config.init_source`), checked against the plan from the files' headers alone (ConfigError if
-    anything is missing or misshapen): a LeRobot policy directory, a Hugging Face directory, or
-    one safetensors file of zerojax parameter paths (`zerojax export`)."""
-    path, kind = Path(init_from), init_source(init_from)
-    if kind == LEROBOT:  # a LeRobot policy: its family's LeRobot names
-        layout = registry.lerobot_layout(family)
-        ckpt, table = Checkpoint([path / "model.safetensors"], init_from, aliases=layout.aliases), layout.tensors
-        check(ckpt, plan, table, stacked)
-        return ckpt, table, stacked
-    if kind == OPENPI:  # an openpi params/ tree, seen as zerojax's leaves through its family's rules
-        ckpt = TreeCheckpoint(init_from, family)
-        table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
-        check(ckpt, plan, table, ())
-        return ckpt, table, ()
-    if kind == HUGGING_FACE:
-        layout = registry.hf_layout(family)
-        ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors
-        check(ckpt, plan, table, stacked)
-        return ckpt, table, stacked
-    ckpt = Checkpoint([path], init_from)
+    """(checkpoint, name table, stacked names) of `model.init_from`, by the reader of its format
+    (`zerojax.checkpoints`: a Hugging Face directory, a LeRobot policy directory, an openpi
+    checkpoint, a zerojax export file, ...), checked against the plan from the files' headers
+    alone (ConfigError if anything is missing or misshapen, or the format holds no model)."""
+    record = checkpoints.detect(init_from)
+    if not record.read:
+        raise ConfigError(f"model.init_from={init_from!r} is {record.what}, which holds no model to start from; give "
+                          "a model's checkpoint")
+    return checkpoints.call(record.read, init_from, plan, family, stacked)
+
+
+def read_hf(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
+    """A Hugging Face directory (`zerojax.checkpoints.hf`), named by its family's HF layout."""
+    layout = registry.hf_layout(family)
+    ckpt, table = Checkpoint.of_directory(init_from, layout.optional_prefix, layout.aliases), layout.tensors
+    check(ckpt, plan, table, stacked)
+    return ckpt, table, stacked
+
+
+def read_export(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):
+    """One safetensors file of zerojax parameter paths (`zerojax.checkpoints.safetensors`), which
+    keeps the layer axis: read as the plan's leaves."""
+    ckpt = Checkpoint([Path(init_from)], init_from)
     table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
-    check(ckpt, plan, table, ())  # zerojax's own files keep the layer axis
+    check(ckpt, plan, table, ())
     return ckpt, table, ()
 
 
@@ -224,3 +225,10 @@ def save(out: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_
         shutil.copyfile(f, tmp / f.name)
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+
+
+
+def write(job) -> tuple[int, int]:
+    """`zerojax export --format hf` (`zerojax.checkpoints.hf`): `save` of an `ExportJob`."""
+    return save(job.out, job.config["model"], job.shapes, job.stacked(), job.blocks_of, dtype=job.dtype,
+                max_shard_bytes=job.max_shard_bytes, tokenizer=job.config["data"].get("tokenizer", ""))

@@ -192,6 +192,19 @@ def named_tokenizer(directory) -> str | None:
     return policy_keys.named_tokenizer(directory, read_config(Path(directory)))
 
 
+def read_checkpoint(init_from: str, plan, family: str, stacked: tuple[str, ...]):
+    """`model.init_from` of a LeRobot policy (`zerojax.checkpoints.lerobot`): (checkpoint, name
+    table, stacked names) of its model.safetensors, named by its family's LeRobot layout and
+    checked against the plan from the header alone."""
+    from zerojax.interop.hf import check
+    from zerojax.interop.safetensors import Checkpoint
+
+    layout = registry.lerobot_layout(family)
+    ckpt = Checkpoint([Path(init_from) / "model.safetensors"], init_from, aliases=layout.aliases)
+    check(ckpt, plan, layout.tensors, stacked)
+    return ckpt, layout.tensors, stacked
+
+
 def init_files(directory) -> dict:
     """RUN_DIR/lerobot_init/'s files (name -> bytes) for a run that starts from a LeRobot
     checkpoint: its config.json as it is, and its statistics (`read_stats`)."""

@@ -156,6 +156,12 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()), len(tensors)
 
 
+def write(job) -> tuple[int, int]:
+    """`zerojax export --format lerobot` (`zerojax.checkpoints.lerobot`): `save` of an `ExportJob`."""
+    return save(job.out, job.run_dir, job.config["model"], job.shapes, job.stacked(), job.blocks_of, dtype=job.dtype,
+                tokenizer=job.config["data"].get("tokenizer", ""))
+
+
 def _export_config(run_dir: Path, model: dict, layout, tokenizer: str) -> tuple[dict, dict, dict, bool]:
     """(config.json, statistics, the data's record, whether LeRobot 0.3's layout) of the export,
     checked before anything is written: features to name, and the tokenizer it will carry."""

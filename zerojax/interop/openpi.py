@@ -55,6 +55,22 @@ def norm_stats(directory, asset_id: str | None = None) -> dict:
     return {FEATURES.get(key, key): value for key, value in stats.items()}
 
 
+def read_checkpoint(init_from: str, plan, family: str, stacked: tuple[str, ...]):
+    """`model.init_from` of an openpi checkpoint (`zerojax.checkpoints.openpi`): its params/ tree
+    seen as zerojax's leaves through its family's rules (`openpi_tree.TreeCheckpoint`), which
+    keep the layer axis, checked against the plan from orbax's metadata alone."""
+    import jax
+
+    from zerojax.interop.hf import base_leaves, check
+    from zerojax.interop.openpi_tree import TreeCheckpoint
+    from zerojax.models.family import Tensor
+
+    ckpt = TreeCheckpoint(init_from, family)
+    table = {leaf.path: Tensor(leaf.path) for leaf in jax.tree.leaves(base_leaves(plan))}
+    check(ckpt, plan, table, ())
+    return ckpt, table, ()
+
+
 def init_files(directory) -> dict:
     """RUN_DIR/openpi_init/'s files (name -> bytes): the checkpoint's assets, as they are."""
     read_assets(directory)
@@ -154,6 +170,11 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtyp
         (tmp / ASSETS / asset_id / NORM_STATS).write_text(json.dumps({"norm_stats": stats}, indent=2))
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()), len(tree)
+
+
+def write(job) -> tuple[int, int]:
+    """`zerojax export --format openpi` (`zerojax.checkpoints.openpi`): `save` of an `ExportJob`."""
+    return save(job.out, job.run_dir, job.config["model"], job.shapes, job.blocks_of, dtype=job.dtype)
 
 
 def load(directory, given: dict | None = None):

@@ -148,3 +148,9 @@ def save_peft(out: Path, config: dict, shapes: dict, stacked: tuple[str, ...], b
     (tmp / "adapter_config.json").write_text(json.dumps(peft_config(config, targets, modules), indent=2))
     tmp.rename(out)
     return sum(f.stat().st_size for f in out.iterdir()), len(tensors)
+
+
+
+def write(job) -> tuple[int, int]:
+    """`zerojax export --format peft` (`zerojax.checkpoints.peft`): `save_peft` of an `ExportJob`."""
+    return save_peft(job.out, job.config, job.shapes, job.stacked(), job.blocks_of, dtype=job.dtype, settings=job.lora())

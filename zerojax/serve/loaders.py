@@ -1,7 +1,8 @@
-"""The three ways a policy comes to be served, each a `ServedPolicy` compiled and warmed up by
-`load` (openpi's `create_trained_policy`): a run directory's checkpoint with its lerobot.json
-(`run_policy`), a safetensors file `zerojax export` wrote of such a run (`export_policy`), and a
-LeRobot policy directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
+"""The ways a policy comes to be served, each a `ServedPolicy` compiled and warmed up by `load`
+(openpi's `create_trained_policy`): a run directory's checkpoint with its lerobot.json
+(`run_policy`), or a checkpoint whose format's record names a server (`zerojax.checkpoints`): a
+safetensors file `zerojax export` wrote of such a run (`export_policy`), and a LeRobot policy
+directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
 weight is read, what is not a policy trained on LeRobot data (ConfigError).
 """
 
@@ -11,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from zerojax.config.hf_config import LEROBOT, init_source
+from zerojax.checkpoints import format as checkpoints
 from zerojax.data import corpus
 from zerojax.errors import ConfigError
 from zerojax.models import registry
@@ -34,23 +35,33 @@ def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int =
 
 
 def _policy(target: Path, step, num_steps: int, seed: int, tokenizer, vision_heads) -> ServedPolicy:
-    """The loader `target` calls for, unwarmed."""
-    if target.is_dir() and init_source(target) == LEROBOT:
-        return lerobot_policy(target, step, num_steps, seed, tokenizer, vision_heads)
+    """The loader `target` calls for, unwarmed: a zerojax run directory's, or its checkpoint
+    format's server (`zerojax.checkpoints`: a zerojax export file, a LeRobot policy directory)."""
+    record = None if (target / "checkpoints").is_dir() or not target.exists() else checkpoints.recognise(target)
+    if record is None:  # a zerojax run directory (run_policy says what is wrong with one that is not)
+        _no_checkpoint_flags(target, tokenizer, vision_heads)
+        return run_policy(target, step, num_steps, seed)
+    if not record.serve:
+        served = ", ".join(f.what for f in checkpoints.formats() if f.serve)
+        raise ConfigError(f"{target} is {record.what}, which zerojax serve does not take; give a zerojax run "
+                          f"directory, {served}")
+    return checkpoints.call(record.serve, target, step, num_steps, seed, tokenizer, vision_heads)
+
+
+def _no_checkpoint_flags(target: Path, tokenizer, vision_heads) -> None:
+    """--tokenizer and --vision-heads are for a checkpoint that does not record them."""
     if tokenizer is not None or vision_heads is not None:
         raise ConfigError(f"--tokenizer and --vision-heads are for a LeRobot checkpoint directory (its config.json "
                           f"names no tokenizer and no tower heads); {target} is a zerojax run or export, which "
                           "carries both: drop them")
-    if target.is_file():
-        return export_policy(target, step, num_steps, seed)
-    return run_policy(target, step, num_steps, seed)
 
 
-def export_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
-    """A `zerojax export` safetensors file of a policy run: its config, lerobot.json and tokenizer
-    travel in the file's metadata (export.run_metadata)."""
+def export_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None, vision_heads=None) -> ServedPolicy:
+    """A `zerojax export` safetensors file of a policy run (`zerojax.checkpoints.safetensors`): its
+    config, lerobot.json and tokenizer travel in the file's metadata (export.run_metadata)."""
     from zerojax.train import export
 
+    _no_checkpoint_flags(target, tokenizer, vision_heads)
     if step is not None:
         raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {target} is an export of one "
                           "step: drop --step, or give the run directory")

@@ -1,5 +1,6 @@
-"""Export: a checkpoint's weights as one safetensors file, a Hugging Face directory or PEFT
-adapters, written leaf by leaf (host memory holds one saved shard of one leaf at a time)."""
+"""Export: a checkpoint's weights in a checkpoint format (`zerojax.checkpoints`: zerojax's one
+safetensors file, a Hugging Face directory, PEFT adapters, a LeRobot or openpi policy), written
+leaf by leaf (host memory holds one saved shard of one leaf at a time) by the format's writer."""
 
 from __future__ import annotations
 
@@ -12,13 +13,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from zerojax.errors import ConfigError
-from zerojax.config import EXPORT_FORMATS, EXPORT_WEIGHTS, LoraConfig, ModelConfig, file_in_the_way
+from zerojax.checkpoints import format as checkpoints
+from zerojax.config import EXPORT_WEIGHTS, LoraConfig, ModelConfig, file_in_the_way
 from zerojax.data import corpus
 from zerojax.optim.lora import is_adapter
-from zerojax.interop import hf
-from zerojax.interop import lerobot_export
-from zerojax.interop import openpi
-from zerojax.interop import peft
 from zerojax.interop import safetensors as safetensors_io
 from zerojax.train import model as model_lib
 from zerojax.models.protocol import Units
@@ -96,7 +94,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
     paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
     run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them;
-    `lerobot`, a π0 run as LeRobot's PI0Policy.from_pretrained loads it (`interop.lerobot_export.save`).
+    `lerobot`, a policy run as LeRobot's from_pretrained loads it; `openpi`, as openpi's
+    restore_params does; or a format of the registry's (`zerojax.checkpoints`).
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete. `weights`: `ema` (the trained leaves' optim.ema average, beside the frozen
@@ -120,8 +119,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
 
 def _check_out(fmt: str, out: Path) -> None:
     """`--format` is one zerojax writes, and `--out` a new path where one can be made."""
-    if fmt not in EXPORT_FORMATS:
-        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
+    if fmt not in checkpoints.writable():
+        raise ConfigError(f"--format {fmt!r} is not valid; choose one of {', '.join(checkpoints.writable())}")
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new path (export never overwrites)")
     in_the_way = file_in_the_way(out.parent)
@@ -130,54 +129,48 @@ def _check_out(fmt: str, out: Path) -> None:
 
 
 def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: dict) -> None:
-    """The format (and `--merge`) can write what the checkpoint holds: its LoRA adapters, or none."""
-    adapters = any(is_adapter(p) for p in shapes)
-    if fmt == "peft" and not adapters:
-        raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters; "
-                          "use --format hf or --format safetensors")
-    if merge and (fmt not in ("hf", "lerobot", "openpi") or not adapters):
-        raise ConfigError("--merge merges a LoRA run's adapters into the weights: it needs --format hf, lerobot or "
-                          "openpi and a run trained with optim.lora.rank > 0")
-    if fmt in ("lerobot", "openpi") and adapters and not merge:
-        raise ConfigError(f"{run_dir} holds LoRA adapters, which {fmt}'s checkpoint does not hold: --format {fmt} "
-                          "--merge writes the model with them merged in")
+    """The format (and `--merge`) can write what the checkpoint holds: its LoRA adapters, or none,
+    as the format's record says (`CheckpointFormat.adapters`)."""
+    adapters, held = any(is_adapter(p) for p in shapes), checkpoints.named(fmt).adapters
+    by_kind = {kind: [f.name for f in checkpoints.formats() if f.write and f.adapters == kind]
+               for kind in checkpoints.ADAPTERS}
+    alone, merged = " or ".join(by_kind[checkpoints.ONLY]), ", ".join(by_kind[checkpoints.MERGED])
+    if held == checkpoints.ONLY and not adapters:
+        raise ConfigError(f"{run_dir} was trained without LoRA (optim.lora.rank=0): it has no adapters for --format "
+                          f"{fmt}; export the model: --format {', '.join(by_kind[checkpoints.KEPT] + by_kind[checkpoints.MERGED])}")
+    if merge and (held != checkpoints.MERGED or not adapters):
+        raise ConfigError(f"--merge merges a LoRA run's adapters into the weights: it needs --format {merged} and a "
+                          "run trained with optim.lora.rank > 0")
+    if held == checkpoints.MERGED and adapters and not merge:
+        alone = f"--format {alone} writes them, " if alone else ""
+        raise ConfigError(f"{run_dir} holds LoRA adapters, which {fmt}'s checkpoint does not hold: {alone}--format "
+                          f"{fmt} --merge writes the model with them merged in")
     trained_base = [p for p in shapes if not is_adapter(p) and p not in meta.get("frozen", shapes)]
-    if fmt == "peft" and trained_base:
+    if held == checkpoints.ONLY and trained_base:
         raise ConfigError(f"{run_dir} trained {trained_base[0]} and {len(trained_base) - 1} more leaves beside its "
-                          "adapters (optim.lora.base=targets): PEFT adapters would lose them; use --format "
-                          "safetensors, or --format hf --merge")
-    if fmt == "hf" and adapters and not merge:
-        raise ConfigError(f"{run_dir} holds LoRA adapters: --format peft writes them, --format hf --merge writes the "
-                          "model with them merged in")
+                          f"adapters (optim.lora.base=targets): {fmt}'s adapters would lose them; use --format "
+                          f"{' or --format '.join(by_kind[checkpoints.KEPT])}, or --format {merged} --merge")
 
 
 def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
            max_shard_bytes: int, blocks_of) -> tuple[int, int]:
-    """(bytes written, tensors) of the export of `shapes` in `fmt`, each leaf's blocks from `blocks_of`."""
-    if fmt == "openpi":
-        return openpi.save(out, Path(run_dir), config["model"], shapes, blocks_of, dtype=dtype)
-    if fmt == "peft":
-        stacked = _stacked(config["model"])
-        return peft.save_peft(out, config, shapes, stacked, blocks_of, dtype=dtype, settings=_lora_settings(config))
-    if fmt == "lerobot":
-        return lerobot_export.save(out, Path(run_dir), config["model"], shapes, _stacked(config["model"]), blocks_of,
-                            dtype=dtype, tokenizer=config["data"].get("tokenizer", ""))
-    if fmt == "safetensors":
-        return _export_safetensors(out, run_dir, config, step, shapes, dtype, blocks_of)
-    return _export_hf(out, config["model"], shapes, dtype, max_shard_bytes, blocks_of,
-                      config["data"].get("tokenizer", ""))
+    """(bytes written, tensors) of the export of `shapes` in `fmt`, by its format's writer, each
+    leaf's blocks from `blocks_of`."""
+    job = checkpoints.ExportJob(out, Path(run_dir), config, step, shapes, dtype, max_shard_bytes, blocks_of,
+                                stacked=lambda: _stacked(config["model"]), lora=lambda: _lora_settings(config))
+    return checkpoints.call(checkpoints.named(fmt).write, job)
 
 
-def _export_safetensors(out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
-                        blocks_of) -> tuple[int, int]:
-    """One safetensors file of zerojax's parameter paths, the run's config and files in its metadata."""
-    tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in shapes.items()]
-    tmp = out.with_name(out.name + ".tmp")
-    out.parent.mkdir(parents=True, exist_ok=True)  # as the hf and peft exports make their directory
-    regions = safetensors_io.create_safetensors(tmp, tensors, dtype, run_metadata(run_dir, config, step))
-    safetensors_io.fill(regions, tensors, blocks_of, dtype)
-    tmp.replace(out)  # the file appears only once complete
-    return out.stat().st_size, len(tensors)
+def write_safetensors(job: checkpoints.ExportJob) -> tuple[int, int]:
+    """zerojax's own export (`zerojax.checkpoints.safetensors`): one safetensors file of zerojax's
+    parameter paths, the run's config and files in its metadata (`run_metadata`)."""
+    tensors = [safetensors_io.Entry(path, path, None, shape) for path, shape in job.shapes.items()]
+    tmp = job.out.with_name(job.out.name + ".tmp")
+    job.out.parent.mkdir(parents=True, exist_ok=True)  # as the directory formats make their directory
+    regions = safetensors_io.create_safetensors(tmp, tensors, job.dtype, run_metadata(job.run_dir, job.config, job.step))
+    safetensors_io.fill(regions, tensors, job.blocks_of, job.dtype)
+    tmp.replace(job.out)  # the file appears only once complete
+    return job.out.stat().st_size, len(tensors)
 
 
 def _weights_choice(run_dir: Path, meta: dict, weights: str | None) -> str:
@@ -285,12 +278,6 @@ def load_model(run_dir: Path, step: int | None = None):
 def _stacked(model: dict) -> tuple[str, ...]:
     """The stacks of a saved run's model (its config.yaml's model section)."""
     return Units.of(model_lib.abstract_model(ModelConfig(**model), Policy())).names
-
-
-def _export_hf(out: Path, model: dict, shapes: dict, dtype: str, max_shard_bytes: int, blocks_of,
-               tokenizer: str = "") -> tuple[int, int]:
-    return hf.save(out, model, shapes, _stacked(model), blocks_of, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                   tokenizer=tokenizer)
 
 
 def _whole(blocks) -> np.ndarray:

@@ -18,11 +18,9 @@ import jax.numpy as jnp
 from zerojax import config as config_lib
 from zerojax import data as data_lib
 from zerojax.config import Config
-from zerojax.config import hf_config
+from zerojax.checkpoints import format as checkpoints
 from zerojax.errors import ConfigError
 from zerojax.interop import hf
-from zerojax.interop import lerobot
-from zerojax.interop import openpi
 from zerojax.interop import peft
 from zerojax.models import protocol
 from zerojax.parallel import mesh as mesh_lib
@@ -53,11 +51,10 @@ def init_source_of(cfg: Config, engine: step_lib.Engine) -> InitSource:
     files = {}
     if model.init_from:
         hf.init_checkpoint(model.init_from, plan, model.family, names)
-        # A LeRobot policy's config.json and statistics: the run keeps them, for the export.
-        if hf_config.init_source(model.init_from) == hf_config.LEROBOT:
-            files = lerobot.init_files(model.init_from)
-        elif hf_config.init_source(model.init_from) == hf_config.OPENPI:  # its assets/, for the export
-            files = openpi.init_files(model.init_from)
+        # What the export needs of the start (a LeRobot policy's config.json and statistics, an
+        # openpi checkpoint's assets/): the run keeps it, as its format says.
+        record = checkpoints.detect(model.init_from)
+        files = checkpoints.call(record.keep, model.init_from) if record.keep else {}
     if lora.init_from:
         peft.init_adapters(lora.init_from, plan, None, model.family, names,
                            dataclasses.asdict(lora), model_lib.lora_settings(model, lora), build=False)
