@@ -122,3 +122,17 @@ def test_a_model_page_is_how_to_with_its_evidence_linked(page):
     assert any("recipes" in s.lower() for s in sections) and "Memory per card" in sections, sections
     assert "../benchmarks/" in text, "link the page's evidence"
     assert not EVIDENCE.search(text), EVIDENCE.search(text).group(0)
+
+
+HOW_TO_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "development.md",
+                *sorted((ROOT / "docs" / "guides").glob("*.md")), *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
+LOGGED = re.compile(r"20\d\d-\d\d-\d\d|this (2-core )?(CPU )?(machine|box)|this CPU")  # a date, a machine's log
+
+
+@pytest.mark.parametrize("page", HOW_TO_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_how_to_page_links_its_measurements(page):
+    """One number per claim: a measurement (its date, the machine it ran on) is an entry of
+    docs/benchmarks/, which the README, guides and tutorials link to and do not tell again."""
+    text = re.sub(r"\]\([^)]*\)", "]", page.read_text())  # a link's target may name an entry's date
+    found = LOGGED.search(text)
+    assert not found, f"{page.relative_to(ROOT)}: {found.group(0)!r}: move the measurement to docs/benchmarks/"
