@@ -75,11 +75,15 @@ def test_the_reference_is_what_the_code_generates():
 
 
 def test_the_commands_that_take_a_policy_name_every_policy_family():
+    """`zerojax --help`, and each command's --help (its HELP is the description) where a policy
+    run, its dataset or its server is what the command takes."""
     policies = registry.of_kind(registry.POLICY)
     assert set(policies) == set(POLICY_NAMES), "name the new policy family in POLICY_NAMES"
-    sub = next(a for a in cli.build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
-    for command in ("serve", "rollout", "collect", "export"):
-        text = cli.COMMANDS[command].HELP + sub.choices[command].format_help()
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    for command, text in [("zerojax", parser.format_help())] + [
+            (c, sub.choices[c].format_help()) for c in ("serve", "rollout", "collect", "export", "client", "stats", "plan")]:
+        text = " ".join(text.split())  # argparse wraps lines
         assert all(POLICY_NAMES[f] in text for f in policies), (command, text)
         assert "a π0 run" not in text, command
     family_row = next(line for line in (ROOT / "docs" / "reference" / "config.md").read_text().splitlines()
@@ -122,3 +126,17 @@ def test_a_model_page_is_how_to_with_its_evidence_linked(page):
     assert any("recipes" in s.lower() for s in sections) and "Memory per card" in sections, sections
     assert "../benchmarks/" in text, "link the page's evidence"
     assert not EVIDENCE.search(text), EVIDENCE.search(text).group(0)
+
+
+HOW_TO_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "development.md",
+                *sorted((ROOT / "docs" / "guides").glob("*.md")), *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
+LOGGED = re.compile(r"20\d\d-\d\d-\d\d|this (2-core )?(CPU )?(machine|box)|this CPU")  # a date, a machine's log
+
+
+@pytest.mark.parametrize("page", HOW_TO_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_how_to_page_links_its_measurements(page):
+    """One number per claim: a measurement (its date, the machine it ran on) is an entry of
+    docs/benchmarks/, which the README, guides and tutorials link to and do not tell again."""
+    text = re.sub(r"\]\([^)]*\)", "]", page.read_text())  # a link's target may name an entry's date
+    found = LOGGED.search(text)
+    assert not found, f"{page.relative_to(ROOT)}: {found.group(0)!r}: move the measurement to docs/benchmarks/"

@@ -140,7 +140,7 @@ def test_when_a_full_fine_tune_fits_nowhere_the_plan_names_the_lora_rank_that_fi
 def test_the_printed_command_runs_as_printed(capsys):
     """`train with:` is one line, longer than the console and not broken: `zerojax train` with the
     user's config file and overrides, then the winner's keys (never a literal `--config ...`),
-    which parses to the config the plan chose."""
+    which parses to the config the plan chose and trains, split as a shell splits it."""
     overrides = [*TINY, *SMALL, "train.out_dir=runs/my run"]  # a space: the line must quote it
     Path("configs").mkdir()
     shutil.copy(Path(__file__).parents[1] / "configs" / "tiny.yaml", "configs/tiny.yaml")
@@ -161,3 +161,5 @@ def test_the_printed_command_runs_as_printed(capsys):
                      "0", "--max-compiles", "1", "--json", *overrides]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["compiles"] == 1 and doc["train_command"] == printed[0].removeprefix("train with: ")
+    assert cli.main(words[1:]) == 0
+    assert len((Path("runs/my run") / "metrics.jsonl").read_text().splitlines()) >= cfg.train.steps

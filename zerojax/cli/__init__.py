@@ -32,10 +32,11 @@ COMMANDS = {"train": train, "memory": memory, "analyze": analyze, "plan": plan, 
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="zerojax", description="ZeRO / FSDP training in JAX")
+    parser = Parser(prog="zerojax", description="ZeRO / FSDP training in JAX, of language models (GPT, Llama, Gemma, "
+                                                 "PaliGemma) and robot policies (π0, π0.5, SmolVLA)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, command in COMMANDS.items():
-        command.arguments(sub.add_parser(name, help=command.HELP))
+        command.arguments(sub.add_parser(name, help=command.HELP, description=command.HELP))
     return parser
 
 

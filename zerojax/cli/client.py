@@ -12,7 +12,8 @@ import numpy as np
 
 from zerojax.cli.args import Parser, UsageError, port_number
 
-HELP = "ask a running `zerojax serve` for one action chunk (a LeRobot dataset's frame, or a saved observation)"
+HELP = ("ask a running `zerojax serve` of a policy (π0, π0.5, SmolVLA) for one action chunk (a LeRobot dataset's "
+        "frame, or a saved observation)")
 
 
 def arguments(client: Parser) -> None:

@@ -11,7 +11,8 @@ from zerojax import config, report
 from zerojax.cli.args import Parser, UsageError, positive_int
 from zerojax.config import devices as devices_lib
 
-HELP = "choose stage, offload, remat, accumulation, gather dtype and prefetch for N devices of M GB, from compiled steps"
+HELP = ("choose stage, offload, remat, accumulation, gather dtype and prefetch for N devices of M GB, from compiled "
+        "steps, for any family (GPT, Llama, Gemma, PaliGemma, π0, π0.5, SmolVLA)")
 DEVICE_KINDS = tuple(devices_lib.DEVICES)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from zerojax.cli.args import Parser, positive_int
 from zerojax.errors import ConfigError
 
-HELP = "compute a LeRobot dataset's statistics, quantiles included (meta/stats.json)"
+HELP = ("compute a LeRobot dataset's statistics, quantiles included (meta/stats.json), which a π0, π0.5 or SmolVLA "
+        "run normalizes by")
 
 
 def arguments(stats: Parser) -> None:
