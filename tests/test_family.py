@@ -92,8 +92,8 @@ def test_a_model_of_the_users_reads_the_datasets_features_as_they_are():
                                  "train.global_batch=4", "data.image_size=8", "data.action_horizon=2",
                                  "data.prompt_len=16"])
     spec = sources.batch_spec(cfg)
-    assert {"observation.state", "action", "action_is_pad", "tokens", "token_mask"} <= set(spec)
-    assert "images" not in spec  # no adapter made a policy's batch of it
+    assert {"observation.state", "action", "action_is_pad"} <= set(spec)
+    assert "images" not in spec and "tokens" not in spec  # no adapter made a policy's batch (or prompt) of it
 
 
 FIT = [  # (command, what the line must say): each refused before anything is traced or compiled

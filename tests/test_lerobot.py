@@ -15,6 +15,7 @@ import pytest
 from zerojax import cli, config, data
 from zerojax.data import lerobot, sources
 from zerojax.errors import ConfigError
+from zerojax.models.vla import batch as vla_batch
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot"
 REF = dict(np.load(FIXTURE / "reference.npz"))
@@ -119,10 +120,17 @@ def test_images_are_resized_with_padding_as_pi0_in_minus_one_to_one():
     assert (front[:, :, :2] == -1).all() and (front[:, :, -3:] == -1).all() and (front[:, :, 2:-3] > -1).any()
 
 
+def prompt_of(src, index: int, length: int) -> dict:
+    """π0's prompt (its adapter's, `vla.batch.prompts`) of the source's row `index`: the reader
+    gives the task's text, the family's adapter tokenizes it with the source's tokenizer."""
+    out = vla_batch.prompts({"task": src.item(index)["task"][None]}, length, src.tokenizer)
+    return {k: v[0] for k, v in out.items()}
+
+
 def test_prompts_are_the_task_and_a_newline_tokenized_and_padded(tmp_path):
     src = source("data.prompt_len=24")
     for i, task in zip(INDICES, REF["task"]):
-        item = src.item(i)
+        item = prompt_of(src, i, 24)
         ids = list((task + "\n").encode())
         np.testing.assert_array_equal(item["tokens"], ids[:24] + [0] * (24 - len(ids[:24])))
         np.testing.assert_array_equal(item["token_mask"], np.arange(24) < len(ids))
@@ -134,7 +142,7 @@ def test_prompts_are_the_task_and_a_newline_tokenized_and_padded(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     src = source("data.prompt_len=3", f"data.tokenizer={tmp_path}")
     assert src.vocab_size == len(words) + 1  # the words and [UNK]
-    item = src.item(INDICES[0])
+    item = prompt_of(src, INDICES[0], 3)
     np.testing.assert_array_equal(item["tokens"], tok.encode(REF["task"][0]).ids[:3])  # truncated
     assert item["token_mask"].all()
 
@@ -143,8 +151,8 @@ def test_rows_are_a_pure_function_of_seed_split_and_step_and_of_no_slice():
     src = source()
     batch = src.rows(data.TRAIN, 3, slice(None))
     spec = src.spec()
-    assert set(spec) == {"observation.state", *CAMERAS, "action", "action_is_pad", "tokens", "token_mask"}
-    assert set(batch) == {*spec, "task"}  # the task's text beside its tokens (π0.5 writes its prompt from it)
+    assert set(spec) == {"observation.state", *CAMERAS, "action", "action_is_pad"}
+    assert set(batch) == {*spec, "task"}  # the task's text: the family's adapter writes its prompt from it
     assert [str(t) for t in batch["task"]] == [src.dataset.numbers(int(i), 1)["task"] for i in src.frames_of(data.TRAIN, 3)]
     for key, field in spec.items():
         assert batch[key].shape == field.shape and batch[key].dtype == np.dtype(field.dtype), key

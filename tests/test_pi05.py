@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from conftest import ROOT, run
 from zerojax.interop import lerobot
 from zerojax.models.pi05 import batch as pi05_batch
+from zerojax.models.vla import batch as vla_batch
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lerobot06"
 OBSERVATION = ("images", "image_masks", "tokens", "token_mask", "actions")
@@ -59,7 +60,7 @@ def test_the_prompt_holds_the_state_as_lerobot_writes_it(reference):
     assert [pi05_batch.prompt_text(t, s[:width]) for t, s in zip(tasks, reference["state"])] == prompts
     tokenizer = Tokenizer.from_file(str(FIXTURE / "tokenizer" / "tokenizer.json"))
     for row, text in enumerate(prompts):
-        tokens, mask = pi05_batch.tokenize(text, reference["tokens"].shape[1], tokenizer)
+        tokens, mask = vla_batch.tokenize(text, reference["tokens"].shape[1], tokenizer)
         np.testing.assert_array_equal(tokens[mask], reference["tokens"][row][reference["token_mask"][row]])
         np.testing.assert_array_equal(mask, reference["token_mask"][row])
 
@@ -94,16 +95,16 @@ def test_the_prompt_is_written_from_the_tasks_text_not_read_back_from_its_tokens
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     task, state = "pick the red_cube", np.array([[0.25, -0.5]], np.float32)
-    ids = tokenizer.encode(task + "\n").ids  # as the data layer tokenizes the task: "red_cube" is [UNK]
+    ids = tokenizer.encode(task + "\n").ids  # π0's prompt of the task: "red_cube" is [UNK]
     raw = {"task": np.array([task]), "observation.state": state, "tokens": np.array([ids], np.int32),
            "token_mask": np.ones((1, len(ids)), bool)}
     out = pi05_batch.prompts(raw, 32, tokenizer)
-    want, mask = pi05_batch.tokenize(pi05_batch.prompt_text(task, state[0]), 32, tokenizer)
+    want, mask = vla_batch.tokenize(pi05_batch.prompt_text(task, state[0]), 32, tokenizer)
     np.testing.assert_array_equal(out["tokens"][0], want)
     np.testing.assert_array_equal(out["token_mask"][0], mask)
     read_back = tokenizer.decode(ids)  # "pick the [UNK]": what decoding the tokens would have given
     assert "red" not in read_back and not np.array_equal(
-        pi05_batch.tokenize(pi05_batch.prompt_text(read_back, state[0]), 32, tokenizer)[0], out["tokens"][0])
+        vla_batch.tokenize(pi05_batch.prompt_text(read_back, state[0]), 32, tokenizer)[0], out["tokens"][0])
     with pytest.raises(ValueError, match="rows carry no 'task'"):
         pi05_batch.prompts({k: v for k, v in raw.items() if k != "task"}, 32, tokenizer)
 

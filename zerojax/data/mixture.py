@@ -93,8 +93,6 @@ def spec(cfg) -> dict:
         out[camera] = Field((B, 3, d.image_size, d.image_size), "float32")
     out[ACTION] = Field((B, d.action_horizon, widths[ACTION]), "float32")
     out["action_is_pad"] = Field((B, d.action_horizon), "bool")
-    out["tokens"] = Field((B, d.prompt_len), "int32")
-    out["token_mask"] = Field((B, d.prompt_len), "bool")
     return out
 
 
@@ -128,6 +126,11 @@ class MixtureSource:
     @property
     def vocab_size(self) -> int:
         return self.sources[0].vocab_size
+
+    @property
+    def tokenizer(self):
+        """data.tokenizer, one for every dataset (the adapter tokenizes each row's task with it)."""
+        return self.sources[0].tokenizer
 
     @property
     def idle(self) -> idle_lib.Idle:
@@ -169,7 +172,7 @@ class MixtureSource:
     def item(self, member: int, index: int) -> dict:
         """One row: the dataset's own item, padded to the mixture's widths and camera slots."""
         raw = self.sources[member].item(index)
-        out = {k: raw[k] for k in ("action_is_pad", "tokens", "token_mask", TASK)}
+        out = {k: raw[k] for k in ("action_is_pad", TASK)}
         out[STATE] = pad_last(raw[STATE], self._spec[STATE].shape[-1])
         out[ACTION] = pad_last(raw[ACTION], self._spec[ACTION].shape[-1])
         empty = np.full((3, self.size, self.size), -1.0, np.float32)

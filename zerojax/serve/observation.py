@@ -80,7 +80,7 @@ class Observations:
     def row(self, raw: dict) -> dict:
         """The family's batch of one row for a checked observation, as training builds its rows."""
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
-                                  self.prompt_len, self.tokenizer, self.pad_before)
+                                  self.pad_before)
         return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
                                         self.tokenizer)
 

@@ -2,7 +2,7 @@
 writes it, and v2.1, as LeRobot 0.3 does), read with pyarrow, PyAV and Pillow; no torch.
 
 The batch of the dataset's features (B = train.global_batch, H = data.action_horizon,
-L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action's widths):
+S = data.image_size, D_s and D_a the state's and the action's widths):
 
     observation.state         float32 [B, D_s]      the frame's state, normalized (data.norm_state)
     observation.images.<cam>  float32 [B, 3, S, S]  the frame's camera image in [-1, 1], resized
@@ -12,18 +12,17 @@ L = data.prompt_len, S = data.image_size, D_s and D_a the state's and the action
                                                     timestamps 0, 1/fps, ...), normalized (data.norm_action)
     action_is_pad             bool    [B, H]        True where the chunk runs past the episode's
                                                     end; those steps repeat its last action
-    tokens                    int32   [B, L]        the frame's task (meta/tasks.parquet or .jsonl) and "\\n",
-                                                    tokenized with data.tokenizer (bytes if none),
-                                                    truncated, then padded with 0 on the right
-    token_mask                bool    [B, L]        True on the prompt's tokens
+    task                      str     [B]           the frame's task (meta/tasks.parquet or .jsonl), as text:
+                                                    the family's adapter writes its prompt from it and
+                                                    tokenizes it with data.tokenizer (the source's
+                                                    `tokenizer`; bytes if none)
 
 Each row is one frame, as LeRobot's `LeRobotDataset.__getitem__` gives it with
 `delta_timestamps={"action": [0, 1/fps, ..., (H-1)/fps]}` (the boundary row repeated, flagged in
 `action_is_pad`), normalized as LeRobot's `NormalizerProcessorStep` does (eps 1e-8), its
 images mapped to [-1, 1] and then resized with a -1 pad (openpi's `resize_with_pad`, in openpi's
 order; LeRobot 0.4 resizes the [0, 1] pixels with a -1 pad first and maps them after, leaving -3
-in the pad), its prompt as LeRobot's newline processor writes it (the task and a newline, padded to
-the right). tests/test_lerobot.py checks these against LeRobot's own output. A policy family reads
+in the pad). tests/test_lerobot.py checks these against LeRobot's own output. A policy family reads
 these features through its adapter (`family.PolicyAdapter`, applied by `data.sources`).
 
 Frames: for step s the rows are frames drawn uniformly from the split's episodes by a generator
@@ -124,8 +123,6 @@ def spec(cfg) -> dict:
         out[camera] = Field((B, 3, d.image_size, d.image_size), "float32")
     out[ACTION] = Field((B, d.action_horizon, width(ACTION)), "float32")
     out["action_is_pad"] = Field((B, d.action_horizon), "bool")
-    out["tokens"] = Field((B, d.prompt_len), "int32")
-    out["token_mask"] = Field((B, d.prompt_len), "bool")
     return out
 
 
@@ -138,8 +135,8 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
     check_normalized_range(dataset, norms)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
-    source = LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, cfg.train.seed, d.val_fraction, info,
-                           pad_before=registry.pads_before(cfg.model.family))
+    source = LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, d.prompt_len, cfg.train.seed,
+                           d.val_fraction, info, pad_before=registry.pads_before(cfg.model.family))
     source.split_frames, source.idle = idle.drop_idle(dataset, source.split_frames, d.action_horizon, d.filter_idle,
                                                       d.filter_idle_actions)  # data.filter_idle (data/idle.py)
     return source
@@ -201,19 +198,8 @@ def unnormalize(x: np.ndarray, stats: dict, mode: str) -> np.ndarray:
     return (x + np.float32(1)) * denom / np.float32(2) + lo
 
 
-def prompt(task: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """The prompt: the task and a newline (LeRobot's Pi0NewLineProcessor), truncated to `length` tokens and
-    padded with 0 on the right; its mask."""
-    text = task if task.endswith("\n") else task + "\n"
-    ids = tokenizer.encode(text).ids if tokenizer is not None else list(text.encode("utf-8"))
-    ids = ids[:length]
-    tokens, mask = np.zeros(length, np.int32), np.zeros(length, bool)
-    tokens[:len(ids)], mask[:len(ids)] = ids, True
-    return tokens, mask
-
-
-def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: str, size: int, prompt_len: int,
-                tokenizer, pad_before: bool = False) -> dict:
+def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: str, size: int,
+                pad_before: bool = False) -> dict:
     """One frame's observation as the batch holds it (module docstring): from `raw`, the state
     float32 [D_s] in the robot's units, each camera float32 [3, h, w] in [0, 1] and the task's
     text, the state normalized, each camera mapped to [-1, 1] and resized with padding, the task
@@ -223,21 +209,20 @@ def observation(raw: dict, cameras: list[str], state_stats: dict, norm_state: st
     out = {STATE: normalize(raw[STATE], state_stats, norm_state)}
     for camera in cameras:
         out[camera] = frames.resize_with_pad(raw[camera] * np.float32(2) - np.float32(1), size, pad_before)
-    out["tokens"], out["token_mask"] = prompt(raw[TASK], prompt_len, tokenizer)
-    out[TASK] = np.asarray(raw[TASK])  # the text too: a family that writes its own prompt reads it, never the tokens
+    out[TASK] = np.asarray(raw[TASK])  # the text: the family's adapter writes its prompt from it
     return out
 
 
 class LeRobotSource:
     """The source (module docstring): `item(index)` is one frame's row, `rows` a step's."""
 
-    def __init__(self, dataset, spec, cameras, norms, tokenizer, seed: int, val_fraction: float, info: dict,
-                 pad_before: bool = False):
+    def __init__(self, dataset, spec, cameras, norms, tokenizer, prompt_len: int, seed: int, val_fraction: float,
+                 info: dict, pad_before: bool = False):
         self.dataset, self._spec, self.cameras, self.norms, self.info = dataset, spec, cameras, norms, info
         self.pad_before = pad_before
         self.tokenizer, self.seed = tokenizer, seed
         self.horizon = spec[ACTION].shape[1]
-        self.prompt_len = spec["tokens"].shape[1]
+        self.prompt_len = prompt_len  # data.prompt_len, for lerobot.json
         self.size = spec[cameras[0]].shape[-1] if cameras else 0
         self.split_frames = dataset.split_frames(val_fraction)
         self.video = frames.VideoReader()
@@ -290,8 +275,7 @@ class LeRobotSource:
 
     def item(self, index: int) -> dict:
         raw, stats = self.raw_item(index), self.dataset.stats
-        out = observation(raw, self.cameras, stats.get(STATE, {}), self.norms[STATE], self.size, self.prompt_len,
-                          self.tokenizer, self.pad_before)
+        out = observation(raw, self.cameras, stats.get(STATE, {}), self.norms[STATE], self.size, self.pad_before)
         out[ACTION] = normalize(raw[ACTION], stats.get(ACTION, {}), self.norms[ACTION])
         out["action_is_pad"] = raw["action_is_pad"]
         return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from zerojax.models.vla import batch as vla_batch
-from zerojax.models.family import STATE, TASK, Field, PolicyAdapter
+from zerojax.models.family import STATE, PolicyAdapter
 
 BINS = 256
 
@@ -41,29 +41,14 @@ def prompt_text(task: str, state_D: np.ndarray) -> str:
     return f"Task: {cleaned}, State: {' '.join(map(str, state_bins(state_D)))};\nAction: "
 
 
-def tokenize(text: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """`text` tokenized (bytes if no tokenizer), truncated to `length`, padded with 0 on the right."""
-    ids = tokenizer.encode(text).ids if tokenizer is not None else list(text.encode("utf-8"))
-    ids = ids[:length]
-    tokens, mask = np.zeros(length, np.int32), np.zeros(length, bool)
-    tokens[:len(ids)], mask[:len(ids)] = ids, True
-    return tokens, mask
-
-
 def prompts(raw: dict, length: int, tokenizer) -> dict:
     """Each row's π0.5 tokens and mask from its task's text and its normalized state."""
-    if TASK not in raw:
-        raise ValueError(f"π0.5 writes its prompt from the task's text: the rows carry no {TASK!r} "
-                         f"(they carry {', '.join(sorted(raw))}); a LeRobot source gives it")
-    rows = [tokenize(prompt_text(str(task), s), length, tokenizer) for task, s in zip(raw[TASK], raw[STATE])]
-    return {"tokens": np.stack([r[0] for r in rows]), "token_mask": np.stack([r[1] for r in rows])}
+    return vla_batch.prompts(raw, length, tokenizer, lambda task, row: prompt_text(task, raw[STATE][row]))
 
 
 def spec(cfg, features: dict) -> dict:
     """π0.5's batch (`pi05.model.BATCH`): π0's less the state (the tokens are model.action.prompt_len long)."""
-    out = {k: v for k, v in vla_batch.spec(cfg, features).items() if k != "state"}
-    B, L = cfg.train.global_batch, cfg.model.action.prompt_len
-    return {**out, "tokens": Field((B, L), "int32"), "token_mask": Field((B, L), "bool")}
+    return {k: v for k, v in vla_batch.spec(cfg, features).items() if k != "state"}
 
 
 def observation_batch(raw: dict, cameras: list[str], slots: int, length: int, tokenizer) -> dict:

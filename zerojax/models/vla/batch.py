@@ -6,7 +6,8 @@ the dict the policy reads (`pi0.model.BATCH`, batch axis first):
 
     images        float32 [B, cameras, 3, S, S] in [-1, 1]
     image_masks   bool    [B, cameras]         (a missing camera: False, its image all -1)
-    tokens        int32   [B, L]               the prompt (PaliGemma's tokenizer, ending "\\n")
+    tokens        int32   [B, L]               the prompt: the task and "\\n" (LeRobot's newline processor),
+                                               tokenized here with data.tokenizer, padded on the right
     token_mask    bool    [B, L]
     state         float32 [B, max_state_dim]   (normalized, zero-padded)
     actions       float32 [B, H, max_action_dim]
@@ -42,7 +43,7 @@ import dataclasses
 import numpy as np
 
 from zerojax.errors import ConfigError
-from zerojax.models.family import ACTION, CAMERA, STATE, Field, PolicyAdapter
+from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field, PolicyAdapter
 
 STREAM = 7  # a generator stream of its own, apart from the rows' (data.TRAIN, data.EVAL)
 
@@ -93,7 +94,7 @@ def spec(cfg, features: dict) -> dict:
     """The policy's batch (`pi0.model.BATCH`) for a source of these features."""
     a, B, S = cfg.model.action, cfg.train.global_batch, cfg.model.vision.image_size
     return {"images": Field((B, a.cameras, 3, S, S), "float32"), "image_masks": Field((B, a.cameras), "bool"),
-            "tokens": features["tokens"], "token_mask": features["token_mask"],
+            "tokens": Field((B, a.prompt_len), "int32"), "token_mask": Field((B, a.prompt_len), "bool"),
             "state": Field((B, a.max_state_dim), "float32"),
             "actions": Field((B, a.horizon, a.max_action_dim), "float32"),
             "action_is_pad": features["action_is_pad"],
@@ -108,8 +109,7 @@ def widest(cfg) -> dict:
     cameras = {f"{CAMERA}camera{i}": Field((B, 3, d.image_size, d.image_size), "float32") for i in range(a.cameras)}
     return {STATE: Field((B, a.max_state_dim), "float32"), **cameras,
             ACTION: Field((B, d.action_horizon, a.action_dim or a.max_action_dim), "float32"),  # the loss's width
-            "action_is_pad": Field((B, d.action_horizon), "bool"), "tokens": Field((B, d.prompt_len), "int32"),
-            "token_mask": Field((B, d.prompt_len), "bool")}
+            "action_is_pad": Field((B, d.action_horizon), "bool")}
 
 
 def pad_last(x: np.ndarray, width: int) -> np.ndarray:
@@ -156,24 +156,46 @@ def rows_of(batch_spec, observe):
     return rows
 
 
+def tokenize(text: str, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """`text` tokenized (bytes if no tokenizer), truncated to `length`, padded with 0 on the
+    right; its mask."""
+    ids = tokenizer.encode(text).ids if tokenizer is not None else list(text.encode("utf-8"))
+    ids = ids[:length]
+    tokens, mask = np.zeros(length, np.int32), np.zeros(length, bool)
+    tokens[:len(ids)], mask[:len(ids)] = ids, True
+    return tokens, mask
+
+
+def prompts(raw: dict, length: int, tokenizer, text_of=lambda task, row: task if task.endswith("\n") else task + "\n"):
+    """Each row's prompt tokens and mask from its task's text: `text_of(task, row index)`, by
+    default the task and a newline (LeRobot's Pi0NewLineProcessor, π0's and SmolVLA's prompt)."""
+    if TASK not in raw:
+        raise ValueError(f"the prompt is written from the task's text: the rows carry no {TASK!r} "
+                         f"(they carry {', '.join(sorted(raw))}); a LeRobot source gives it")
+    rows = [tokenize(text_of(str(task), i), length, tokenizer) for i, task in enumerate(raw[TASK])]
+    return {"tokens": np.stack([r[0] for r in rows]), "token_mask": np.stack([r[1] for r in rows])}
+
+
 def observation_batch(raw: dict, cameras: list[str], slots: int, max_state_dim: int) -> dict:
-    """π0's observation (images, image_masks, tokens, token_mask, state) from stacked rows of the
+    """π0's observation less its prompt (images, image_masks, state) from stacked rows of the
     dataset's features (batch first): the cameras stacked into `slots` (an empty slot all -1 and
     masked, as LeRobot's prepare_images fills it), the state zero-padded."""
-    n = len(raw["tokens"])
+    n = len(raw[STATE])
     images = np.stack([raw[c] for c in cameras], axis=1)
     if slots > len(cameras):
         images = np.concatenate([images, np.full((n, slots - len(cameras), *images.shape[2:]), -1, np.float32)],
                                 axis=1)
     masks = np.broadcast_to(np.arange(slots) < len(cameras), (n, slots)).copy()
-    return {"images": images, "image_masks": masks, "tokens": raw["tokens"], "token_mask": raw["token_mask"],
-            "state": pad_last(raw[STATE], max_state_dim)}
+    return {"images": images, "image_masks": masks, "state": pad_last(raw[STATE], max_state_dim)}
 
 
 def observation(raw: dict, cameras: list[str], model: dict, tokenizer=None) -> dict:
     """The adapter's `observation`, in training and for `zerojax serve`: `model` is the run's model
-    section as a dict (π0 reads the prompt's tokens as they are: `tokenizer` is unused)."""
-    return observation_batch(raw, cameras, model["action"]["cameras"], model["action"]["max_state_dim"])
+    section as a dict; the prompt, the task and a newline, tokenized with `tokenizer` (the run's
+    data.tokenizer; bytes if None) to model.action.prompt_len."""
+    a = model["action"]
+    return {**observation_batch(raw, cameras, a["cameras"], a["max_state_dim"]),
+            **prompts(raw, a["prompt_len"], tokenizer)}
 
 
 def chunk(model: dict) -> tuple[int, int]:
