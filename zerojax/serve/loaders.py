@@ -96,7 +96,8 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
 def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int, seed: int) -> ServedPolicy:
     """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`."""
     return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
-                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
+                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0),
+                        relative=doc.get("relative_actions"))  # data.lerobot.relative.RECORD
 
 
 def check_family(saved: dict, where: str) -> None:
