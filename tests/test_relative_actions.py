@@ -6,6 +6,7 @@ checkpoint saved with use_relative_actions=True turns them on; the exports say s
 and openpi read it."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -125,3 +126,34 @@ def test_served_actions_are_absolute(run_dir, roots, tmp_path):
     out = tmp_path / "policy.safetensors"
     assert cli.main(["export", str(run_dir), "--out", str(out)]) == 0
     np.testing.assert_array_equal(loaders.load(out, num_steps=STEPS, seed=SEED).infer(obs, 0)["actions"], got)
+
+
+LEROBOT06 = ROOT / "tests" / "fixtures" / "lerobot06"  # LeRobot 0.6.1's π0.5; its dataset's action a0, a1, a2
+
+
+def relative_checkpoint(directory: Path) -> Path:
+    """LeRobot 0.6.1's π0.5 fixture as saved with use_relative_actions=True, a2 excluded."""
+    out = directory / "pi05"
+    shutil.copytree(LEROBOT06 / "pi05", out)
+    saved = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**saved, "use_relative_actions": True,
+                                                 "relative_exclude_joints": ["a2"]}))
+    return out
+
+
+@pytest.mark.parametrize("given, relative, exclude, said", [
+    ([], True, ("a2",), "from the checkpoint: .* relative=True relative_exclude=a2"),
+    (["model.action.relative=false"], False, (), "from the config: relative=False"),
+    (["model.action.relative_exclude=a1"], True, ("a1",), "relative=True; from the config: relative_exclude=a1"),
+])
+def test_a_lerobot_checkpoint_saved_with_relative_actions_turns_them_on(tmp_path, given, relative, exclude, said):
+    """model.init_from of a LeRobot π0.5 saved with use_relative_actions=True carries it and its
+    excluded joints into model.action.relative and relative_exclude, said on the start line; a key
+    the user sets wins."""
+    from zerojax.config import policy_keys
+
+    cfg, origins = config.load_with_origins(overrides=[f"model.init_from={relative_checkpoint(tmp_path)}",
+                                                       f"data.source=lerobot:{LEROBOT06 / 'dataset'}",
+                                                       "model.vision.n_heads=2", *given])
+    assert (cfg.model.action.relative, cfg.model.action.relative_exclude) == (relative, exclude)
+    assert re.search(said, policy_keys.describe(origins, cfg)), policy_keys.describe(origins, cfg)
