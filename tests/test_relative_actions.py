@@ -32,8 +32,8 @@ TINY = ["model.family=pi05", "model.vocab_size=256", "model.d_model=32", "model.
         "model.action.cameras=2", "train.global_batch=8", "data.norm_state=quantiles", "data.norm_action=quantiles",
         "zero.min_shard_size=64", "train.steps=2", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
         "train.ckpt_every=2", "train.report=false", "optim.warmup_steps=0", "model.remat=none",
-        "model.action.relative=true", "model.action.relative_exclude=dy"]
-MASK = np.array([True, False])  # dx relative, dy (excluded) absolute
+        "model.action.relative=true", "model.action.relative_exclude=dy",
+        "model.norm_eps=1e-6"]  # openpi's eps, for --format openpi
 SEED, STEPS = 3, 3  # serve's noise seed and Euler steps
 
 
@@ -157,3 +157,35 @@ def test_a_lerobot_checkpoint_saved_with_relative_actions_turns_them_on(tmp_path
                                                        "model.vision.n_heads=2", *given])
     assert (cfg.model.action.relative, cfg.model.action.relative_exclude) == (relative, exclude)
     assert re.search(said, policy_keys.describe(origins, cfg)), policy_keys.describe(origins, cfg)
+
+
+def test_the_exports_say_relative_actions_as_lerobot_and_openpi_read_them(run_dir, roots, tmp_path):
+    """--format lerobot: config.json's use_relative_actions and excluded joints, the relative step on
+    with the joints' names, the absolute step on, and the normalizer's statistics those of the
+    relative actions (dy's: its absolute actions over the same chunks), which a LeRobot directory
+    read back gives the same mask. --format openpi: norm_stats of the relative actions."""
+    from safetensors.numpy import load_file
+
+    from zerojax.interop import lerobot as lerobot_io
+
+    out = tmp_path / "lerobot"
+    assert cli.main(["export", str(run_dir), "--format", "lerobot", "--out", str(out)]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["use_relative_actions"], saved["relative_exclude_joints"], saved["action_feature_names"]) == \
+        (True, ["dy"], ["dx", "dy"])
+    pre, post = (json.loads((out / f"policy_{n}.json").read_text())["steps"] for n in ("preprocessor", "postprocessor"))
+    relative = next(s for s in pre if s["registry_name"] == "relative_actions_processor")
+    assert relative["config"] == {"enabled": True, "exclude_joints": ["dy"], "action_names": ["dx", "dy"]}
+    assert next(s for s in post if s["registry_name"] == "absolute_actions_processor")["config"] == {"enabled": True}
+    stats, absolute = relative_stats(roots[0]), json.loads((roots[0] / "meta" / "stats.json").read_text())["action"]
+    for step in (next(s for s in pre if s["registry_name"] == "normalizer_processor"), post[0]):
+        tensors = load_file(out / step["state_file"])
+        for stat in ("q01", "q99", "mean", "std"):
+            np.testing.assert_allclose(tensors[f"action.{stat}"], stats[stat], rtol=1e-6, err_msg=stat)
+        assert not np.isclose(tensors["action.q01"][0], absolute["q01"][0])  # dx: relative, not the dataset's
+    assert lerobot_io.read_policy(out).relative["mask"] == [True, False]
+    openpi = tmp_path / "openpi"
+    assert cli.main(["export", str(run_dir), "--format", "openpi", "--out", str(openpi)]) == 0
+    norm = json.loads(next(openpi.glob("assets/*/norm_stats.json")).read_text())["norm_stats"]["actions"]
+    for stat in ("q01", "q99", "mean", "std"):
+        np.testing.assert_allclose(norm[stat], stats[stat], rtol=1e-6, err_msg=stat)

@@ -147,4 +147,5 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
         raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
     return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
                         found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
-                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps)
+                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps,
+                        relative=found.relative)
