@@ -189,3 +189,14 @@ def test_the_exports_say_relative_actions_as_lerobot_and_openpi_read_them(run_di
     norm = json.loads(next(openpi.glob("assets/*/norm_stats.json")).read_text())["norm_stats"]["actions"]
     for stat in ("q01", "q99", "mean", "std"):
         np.testing.assert_allclose(norm[stat], stats[stat], rtol=1e-6, err_msg=stat)
+
+
+def test_the_guides_command_loads():
+    """docs/guides/data.md's relative-actions command: its keys load as written."""
+    import shlex
+
+    text = (ROOT / "docs" / "guides" / "data.md").read_text()
+    line = next(row for row in text.splitlines()
+                if row.startswith("zerojax train") and "model.action.relative=true" in row)
+    cfg = config.load(overrides=shlex.split(line)[2:])
+    assert (cfg.model.action.relative, cfg.model.action.relative_exclude) == (True, ("gripper",))

@@ -266,8 +266,9 @@ class LeRobotSource:
         features = {k: self.info["features"][k] for k in (STATE, *self.cameras, ACTION)}
         # the relative actions' statistics all kept: no file of the dataset holds them (an export completes
         # the absolute ones from meta/stats.json)
-        kept = {k: self.dataset.stats[k] if k == ACTION and self.relative else
-                {s: self.dataset.stats[k][s] for s in NormalizationMode.of_config(m).stats} for k, m in self.norms.items()}
+        stats = self.dataset.stats
+        kept = {k: stats[k] if k == ACTION and self.relative else
+                {s: stats[k][s] for s in NormalizationMode.of_config(m).stats} for k, m in self.norms.items()}
         doc = {"dataset": str(self.dataset.root), "fps": self.dataset.fps, "features": features,
                "normalization": {k: {"mode": m, **kept[k]} for k, m in self.norms.items()},
                "action_horizon": self.horizon, "image_size": self.size, "prompt_len": self.prompt_len,
