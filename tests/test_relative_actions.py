@@ -116,16 +116,37 @@ def by_hand(run_dir: Path, served, obs: dict, request: int) -> np.ndarray:
     return unnormalize(x, norm, "quantiles") + np.array([obs["observation.state"][0], 0], np.float32)
 
 
-def test_served_actions_are_absolute(run_dir, roots, tmp_path):
+@pytest.fixture(scope="module")
+def served(run_dir):
+    return loaders.load(run_dir, num_steps=STEPS, seed=SEED)
+
+
+def test_served_actions_are_absolute(run_dir, served, roots, tmp_path):
     """serve (a run directory and its safetensors export) unnormalizes with the relative statistics
     and adds the state back on dx: the actions equal the model's, made absolute by hand."""
-    served = loaders.load(run_dir, num_steps=STEPS, seed=SEED)
     obs = observation(roots[0], 7)
     got = served.infer(obs, 0)["actions"]
     np.testing.assert_allclose(got, by_hand(run_dir, served, obs, 0), rtol=1e-5, atol=1e-5)
     out = tmp_path / "policy.safetensors"
     assert cli.main(["export", str(run_dir), "--out", str(out)]) == 0
     np.testing.assert_array_equal(loaders.load(out, num_steps=STEPS, seed=SEED).infer(obs, 0)["actions"], got)
+
+
+def test_a_real_time_chunks_leftover_is_made_relative_as_the_targets_were(served, run_dir):
+    """prev_actions come in the robot's units; the row's leftover is them minus the state on dx,
+    normalized with the relative statistics, as training normalized its targets."""
+    state, leftover = np.array([4.0, 5.0, 6.0], np.float32), np.array([[5.0, 1.0], [6.0, 2.0]], np.float32)
+    got = served.observations.normalized_actions(leftover, state)
+    norm = json.loads((run_dir / "lerobot.json").read_text())["normalization"]["action"]
+    np.testing.assert_allclose(got, normalize(leftover - np.array([4.0, 0], np.float32), norm, "quantiles"), rtol=1e-6)
+
+
+def test_stats_takes_the_exclusion_from_a_runs_config(run_dir, roots, tmp_path):
+    """`zerojax stats --relative-actions --run RUN_DIR` takes H and the excluded joints from the run:
+    the file the run's own statistics equal."""
+    out = tmp_path / "rel.json"
+    assert cli.main(["stats", str(roots[1]), "--relative-actions", "--run", str(run_dir), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["action"] == relative_stats(roots[0])
 
 
 LEROBOT06 = ROOT / "tests" / "fixtures" / "lerobot06"  # LeRobot 0.6.1's π0.5; its dataset's action a0, a1, a2
