@@ -63,10 +63,9 @@ def statistics(dataset, relative: stats.Relative, info: dict) -> dict:
         kept = meta.read_json(path, "zerojax stats' relative statistics").get(ACTION, {})
         said = kept.get(stats.RELATIVE, {})
         if said.get("horizon") == relative.horizon and said.get("exclude_joints") == list(relative.exclude):
-            meta.check_widths(path, ACTION, {k: v for k, v in kept.items() if k in (*stats.Q_KEYS, "min", "max",
-                                                                                   "mean", "std")},
-                              meta.width(info, ACTION))
-            return {k: v for k, v in kept.items() if k != stats.RELATIVE}
+            numbers = {k: v for k, v in kept.items() if k != stats.RELATIVE}
+            meta.check_widths(path, ACTION, {k: v for k, v in numbers.items() if k != "count"}, meta.width(info, ACTION))
+            return numbers
     mask, parts = relative.mask(info), []
     for index in sorted(dataset.episodes):
         rows = np.flatnonzero(dataset.episode == index)  # the frames are in index order
