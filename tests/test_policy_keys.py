@@ -178,4 +178,4 @@ def test_the_start_line_names_what_a_policy_from_scratch_left_at_the_defaults():
     cfg, origins = config.load_with_origins(ROOT / "configs" / "pi05-metaworld-tiny.yaml")
     line = policy_keys.describe(origins, cfg)
     assert "from the config: action_horizon=8 image_size=32 prompt_len=208 norm_state=min_max" in line, line
-    assert "defaults: tokenizer='' schedule=cosine decay_steps=0 final_lr=None clip_norm=1" in line, line
+    assert "defaults: tokenizer='' relative=False schedule=cosine decay_steps=0 final_lr=None clip_norm=1" in line, line

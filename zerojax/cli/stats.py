@@ -6,8 +6,9 @@ a multi-process run (process 0 writes): the flags, or the launch the environment
 
 `--relative-actions` takes the action's statistics of relative actions, as openpi computes them
 after its DeltaActions transform (`zerojax.data.lerobot.stats.Relative`): chunks of --horizon actions (or a
-run's data.action_horizon, --run RUN_DIR) minus the frame's state, the joints --exclude names kept
-absolute; written to DIR/meta/stats_relative.json by default, so the absolute ones stay in place."""
+run's data.action_horizon, --run RUN_DIR) minus the frame's state, the joints --exclude (or the run's
+model.action.relative_exclude) names kept absolute; written to DIR/meta/stats_relative.json by
+default, so the absolute ones stay in place."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def arguments(stats: Parser) -> None:
                             "(a name within a joint's excludes it, as LeRobot's relative_exclude_joints: gripper)")
     stats.add_argument("--horizon", type=positive_int, metavar="H", help="with --relative-actions: actions per chunk")
     stats.add_argument("--run", metavar="RUN_DIR", help="with --relative-actions: take H from a run's config.yaml "
-                                                       "(data.action_horizon)")
+                                                       "(data.action_horizon), and the joints kept absolute "
+                                                       "(model.action.relative_exclude)")
     stats.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address")
     stats.add_argument("--num-processes", type=positive_int, metavar="P", help="processes in the run")
     stats.add_argument("--process-id", type=int, metavar="I", help="this process, 0..P-1")
@@ -51,15 +53,20 @@ def relative(args):
             raise ConfigError(f"{', '.join(given)}: only with --relative-actions (the action's statistics of "
                               "relative actions)")
         return None
-    horizons = {"--horizon": args.horizon} if args.horizon else {}
+    horizons, exclude = ({"--horizon": args.horizon} if args.horizon else {}), tuple(args.exclude)
     if args.run:
         horizons[f"--run {args.run}"] = run_horizon(Path(args.run))
+        excluded = run_exclude(Path(args.run))
+        if args.exclude and excluded and tuple(args.exclude) != excluded:
+            raise ConfigError(f"the joints kept absolute: --exclude says {' '.join(args.exclude)} but --run {args.run} "
+                              f"says model.action.relative_exclude={','.join(excluded)}; give one")
+        exclude = exclude or excluded
     if not horizons:
         raise ConfigError("--relative-actions needs the chunk's length: --horizon H, or --run RUN_DIR to take a run's "
                           "data.action_horizon")
     if len(set(horizons.values())) > 1:
         raise ConfigError(f"the chunk's length: {' but '.join(f'{k} says {v}' for k, v in horizons.items())}; give one")
-    return Relative(horizon=next(iter(horizons.values())), exclude=tuple(args.exclude))
+    return Relative(horizon=next(iter(horizons.values())), exclude=exclude)
 
 
 def run_horizon(run_dir: Path) -> int:
@@ -76,6 +83,14 @@ def run_horizon(run_dir: Path) -> int:
     if not isinstance(horizon, int) or horizon < 1:
         raise ConfigError(f"{path}: data.action_horizon={horizon!r} is not a positive integer")
     return horizon
+
+
+def run_exclude(run_dir: Path) -> tuple[str, ...]:
+    """model.action.relative_exclude of a run's config.yaml (none where it has no such key)."""
+    import yaml
+
+    model = yaml.safe_load((run_dir / "config.yaml").read_text()).get("model") or {}
+    return tuple(str(j) for j in ((model.get("action") or {}).get("relative_exclude") or ()))
 
 
 def target(args) -> Path:

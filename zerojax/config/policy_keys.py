@@ -7,7 +7,9 @@ applied by `load` to the tree of the keys the user set, before the Config is bui
     LeRobot    model.init_from of a LeRobot policy directory sets what its files know: the
                normalization (config.json's normalization_mapping), the tokenizer its
                processors name (where it is a local directory) and its optimizer preset
-               (optimizer_*, scheduler_*), as LeRobot's `use_policy_training_preset` does
+               (optimizer_*, scheduler_*), as LeRobot's `use_policy_training_preset` does, and
+               its action space (use_relative_actions, relative_exclude_joints: model.action.relative
+               and relative_exclude)
 
 A key the user set (YAML or KEY=VALUE) wins, except a shape, which contradicting the model is an
 error. `origins` says where each of these settings came from, for the start line (`describe`).
@@ -37,9 +39,10 @@ PRESET = {"optimizer_lr": "lr", "optimizer_eps": "eps", "optimizer_weight_decay"
           "optimizer_grad_clip_norm": "clip_norm", "scheduler_warmup_steps": "warmup_steps",
           "scheduler_decay_steps": "decay_steps", "scheduler_decay_lr": "final_lr"}
 NORMALIZED = {"STATE": "data.norm_state", "ACTION": "data.norm_action"}  # normalization_mapping's kinds
+RELATIVE, EXCLUDE = "model.action.relative", "model.action.relative_exclude"  # LeRobot 0.6's relative actions
 # the settings a policy run's start line reports, whatever their origin
-REPORTED = ("data.norm_state", "data.norm_action", "data.tokenizer", "optim.lr", "optim.warmup_steps", "optim.schedule",
-            "optim.decay_steps", "optim.final_lr", "optim.weight_decay", "optim.clip_norm")
+REPORTED = ("data.norm_state", "data.norm_action", "data.tokenizer", RELATIVE, "optim.lr", "optim.warmup_steps",
+            "optim.schedule", "optim.decay_steps", "optim.final_lr", "optim.weight_decay", "optim.clip_norm")
 
 
 def _model_value(model: dict, section: str, key: str) -> Any:
@@ -74,7 +77,8 @@ def policy_shapes(tree: dict, origins: dict, given: dict, init_from: str = "") -
 def lerobot_keys(directory: str) -> dict:
     """The run keys ("data.norm_state": "quantiles", ...) a LeRobot policy directory's files know:
     normalization_mapping's STATE and ACTION modes, the tokenizer its processors (or its family's
-    layout) name where it is a local directory, and config.json's optimizer and scheduler preset."""
+    layout) name where it is a local directory, config.json's optimizer and scheduler preset, and
+    its relative actions (LeRobot 0.6's use_relative_actions; the excluded joints only where on)."""
     where = Path(directory) / "config.json"
     checkpoint, out = read_json_object(where, "a LeRobot policy config"), {}
     mapping = checkpoint.get("normalization_mapping") or {}
@@ -94,6 +98,10 @@ def lerobot_keys(directory: str) -> dict:
         out["optim.b1"], out["optim.b2"] = betas
     if "optim.decay_steps" in out:
         out["optim.schedule"] = "cosine"
+    if isinstance(checkpoint.get("use_relative_actions"), bool):  # LeRobot 0.6's π0, π0.5: a key since 0.5
+        out[RELATIVE] = checkpoint["use_relative_actions"]
+        if checkpoint["use_relative_actions"]:
+            out[EXCLUDE] = list(checkpoint.get("relative_exclude_joints") or [])
     return out
 
 
@@ -121,14 +129,17 @@ def carry(tree: dict, origins: dict, keys: dict, where: str) -> None:
     field's type; `origins` records which came from the checkpoint and which the user kept."""
     schedule = (tree.get("optim") or {}).get("schedule")
     for key, value in keys.items():
-        section, name = key.split(".")
-        node = tree.setdefault(section, {})
+        *sections, name = key.split(".")
+        node, cls = tree, Config
+        for section in sections:  # model.action.relative: a sub-section's key
+            node, cls = node.setdefault(section, {}), _field_type(cls, section)
         if name in node:
             origins[key] = CONFIG
         elif schedule == "constant" and name in ("decay_steps", "final_lr"):
             continue  # the user's constant schedule has no decay to shape
+        elif key == EXCLUDE and node.get("relative") is False:
+            continue  # the user turned relative actions off: the checkpoint's exclusions go with them
         else:
-            cls = _field_type(Config, section)
             node[name] = coerce(f"{key} (from {where})", value, _field_type(cls, name))
             origins[key] = CHECKPOINT
 
@@ -138,8 +149,14 @@ def reported(tree: dict, origins: dict) -> None:
     if not registry.is_policy(tree.get("model", {}).get("family", registry.DEFAULT)):
         return
     for key in REPORTED:
-        section, name = key.split(".")
-        origins.setdefault(key, CONFIG if name in (tree.get(section) or {}) else DEFAULT)
+        *sections, name = key.split(".")
+        node = tree
+        for section in sections:
+            node = node.get(section) or {}
+        origins.setdefault(key, CONFIG if name in node else DEFAULT)
+    relative = (tree.get("model", {}).get("action") or {})
+    if relative.get("relative") and EXCLUDE not in origins:  # the excluded joints, where relative is on
+        origins[EXCLUDE] = CONFIG if "relative_exclude" in relative else DEFAULT
 
 
 def scaled(warmup: int, decay: int, total_steps: int) -> tuple[int, int]:
@@ -155,8 +172,10 @@ def describe(origins: dict, cfg) -> str:
     """One line: each policy setting's value, grouped by where it came from."""
     groups: dict[str, list[str]] = {}
     for key, origin in origins.items():
-        section, name = key.split(".")
-        groups.setdefault(origin, []).append(f"{name}={_short(getattr(getattr(cfg, section), name))}")
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        groups.setdefault(origin, []).append(f"{key.rsplit('.', 1)[1]}={_short(value)}")
     order, opt = (CHECKPOINT, CONFIG, DEFAULT), cfg.optim
     line = "policy settings: " + "; ".join(f"from the {o}: {' '.join(groups[o])}" if o != DEFAULT else
                                            f"defaults: {' '.join(groups[o])}" for o in order if o in groups)
@@ -167,4 +186,6 @@ def describe(origins: dict, cfg) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value) or "''"
     return f"{value:g}" if isinstance(value, float) else str(value) if value != "" else "''"

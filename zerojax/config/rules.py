@@ -50,7 +50,7 @@ def gather_stages(gather: str, schedule: str) -> tuple[int, ...]:
 
 def check_between_keys(cfg) -> None:
     """The rules between the keys of a `Config` (its sections have checked their own values)."""
-    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab, _decay):
+    for rule in (_quantized_gather, _offload, _reduce, _byte_vocab, _decay, _relative_actions):
         rule(cfg)
 
 
@@ -93,6 +93,21 @@ def _decay(cfg) -> None:
                           f"optim.schedule=cosine, or leave optim.{key} out")
 
 
+def _relative_actions(cfg) -> None:
+    from zerojax.config.data import is_robot_data
+    from zerojax.models import registry
+
+    family, source = cfg.model.family, cfg.data.source
+    if not cfg.model.action.relative:
+        return
+    if not registry.is_policy(family):
+        raise ConfigError(f"model.action.relative=true makes a policy's actions relative to the robot's state; "
+                          f"model.family={family} is not a policy: set model.action.relative=false")
+    if not is_robot_data(source):
+        raise ConfigError(f"model.action.relative=true subtracts a LeRobot dataset's state from its actions; "
+                          f"data.source={source!r} is not one (data.source=lerobot:DIR or mixture)")
+
+
 def profile_range(text: str, steps: int) -> tuple[int, int] | None:
     """train.profile=START:STOP: the steps START+1..STOP are traced (0 <= START < STOP <= steps)."""
     if not text:
@@ -133,3 +148,4 @@ def _finite(key: str, value: float, low: float, *, above: bool = False, high: fl
 
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, at_most + 1) if n % d == 0)
+

@@ -148,6 +148,7 @@ class PolicyDir:
     version: str
     pad_before: bool
     fps: float = 0.0  # the dataset's frame rate where a zerojax export recorded it (ZEROJAX_FILE), else unknown
+    relative: dict | None = None  # use_relative_actions' mask as lerobot.json records it (`relative_actions`), or None
 
 
 def read_policy(directory) -> PolicyDir:
@@ -167,7 +168,28 @@ def read_policy(directory) -> PolicyDir:
     return PolicyDir(config, features, norms, int(resize[0]), None if prompt_len is None else int(prompt_len),
                      "0.3" if not (directory / "policy_preprocessor.json").is_file() else
                      "0.6" if key == "image_resolution" else "0.4+",
-                     registry.pads_before(family) or image_padding(directory) == BEFORE, fps)
+                     registry.pads_before(family) or image_padding(directory) == BEFORE, fps,
+                     relative_actions(directory, config, features))
+
+
+def relative_actions(directory: Path, config: dict, features: dict) -> dict | None:
+    """The relative actions of a LeRobot 0.6 policy saved with use_relative_actions=True, as a run's
+    lerobot.json records them (`data.lerobot.relative.RECORD`), else None. The mask is
+    RelativeActionsProcessorStep._build_mask's: a joint whose name holds an excluded one, lower-cased,
+    stays absolute; the names are its preprocessor step's action_names, else config.json's
+    action_feature_names, else those a zerojax export recorded; with none, every joint is relative."""
+    if not config.get("use_relative_actions"):
+        return None
+    pipeline = directory / "policy_preprocessor.json"
+    steps = read_json_object(pipeline, "a LeRobot processor pipeline").get("steps", []) if pipeline.is_file() else []
+    step = next((s.get("config") or {} for s in steps if isinstance(s, dict)
+                 and s.get("registry_name") == "relative_actions_processor"), {})
+    exclude = [str(j) for j in step.get("exclude_joints", config.get("relative_exclude_joints") or []) if j]
+    names = step.get("action_names") or config.get("action_feature_names") or features[ACTION].get("names")
+    width = int(features[ACTION]["shape"][-1])
+    tokens = [j.lower() for j in exclude]
+    mask = [not (names and i < len(names) and any(t in str(names[i]).lower() for t in tokens)) for i in range(width)]
+    return {"state": STATE, "exclude_joints": exclude, "action_names": names, "mask": mask}
 
 
 def _recorded_dataset(directory: Path) -> tuple[float, dict]:

@@ -16,6 +16,7 @@ from zerojax.config import read_json_object
 from zerojax.config.hf_config import LEROBOT, ZEROJAX_FILE, init_source
 from zerojax.config.normalization import V03_MODES, NormalizationMode
 from zerojax.data import corpus
+from zerojax.data.lerobot.relative import RECORD as RELATIVE
 from zerojax.errors import ConfigError
 from zerojax.interop import lerobot_processors as processors
 from zerojax.interop.lerobot import BEFORE, BUFFERS, CENTRED, INIT_DIR, PADDING_KEY, STATS_FILE, buffer_name
@@ -46,7 +47,7 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
     if (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")
         data = {"features": doc["features"], "modes": {k: v["mode"] for k, v in doc["normalization"].items()},
-                "fps": doc.get("fps", 0.0)}
+                "fps": doc.get("fps", 0.0), "relative": doc.get(RELATIVE)}
         stats = {k: {s: np.asarray(x, np.float32) for s, x in v.items() if s != "mode"}
                  for k, v in doc["normalization"].items()}
     return base, stats, data
@@ -151,7 +152,8 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
     if tokenizer:  # the export carries its tokenizer, named relatively to itself
         processors.copy_tokenizer(tokenizer, tmp / processors.TOKENIZER_DIR)
     if steps:
-        processors.write(tmp, config, stats, steps, processors.TOKENIZER_DIR if tokenizer else "")
+        processors.write(tmp, config, stats, steps, processors.TOKENIZER_DIR if tokenizer else "",
+                         data.get("relative") if data else processors.KEEP)
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()), len(tensors)
 
@@ -171,6 +173,8 @@ def _export_config(run_dir: Path, model: dict, layout, tokenizer: str) -> tuple[
     if data:
         config.update(_data_config(data, model["vision"]["image_size"], model["action"]["cameras"],
                                    V03_MODES if v03 else tuple(NormalizationMode)))
+    if data:
+        _relative_config(config, data.get("relative"), v03, layout.processors and layout.processors(config))
     if not config.get("output_features"):
         raise ConfigError(f"{run_dir} neither started from a LeRobot checkpoint (model.init_from) nor trained on a "
                           "LeRobot dataset (data.source=lerobot:DIR): it names no features for LeRobot's config.json")
@@ -182,6 +186,22 @@ def _export_config(run_dir: Path, model: dict, layout, tokenizer: str) -> tuple[
                               f"holds no tokenizer.json (seen from {Path.cwd()}); put it back where the run's config "
                               "names it, or export from the directory the run trained in") from None
     return config, stats, data, v03
+
+
+def _relative_config(config: dict, relative: dict | None, v03: bool, steps) -> None:
+    """config.json's use_relative_actions, relative_exclude_joints and action_feature_names for a
+    run's relative actions (data.lerobot.relative.RECORD; off where it had none), checked: a family
+    whose LeRobot processors have no relative step, or LeRobot 0.3's layout, cannot say them."""
+    names = {s["registry_name"] for s in (steps[0] if steps else [])}
+    if relative and (v03 or processors.RELATIVE_STEP not in names):
+        raise ConfigError(f"the run learnt relative actions (model.action.relative), which LeRobot's {config['type']}"
+                          f"{' in 0.3' if v03 else ''} cannot undo (no {processors.RELATIVE_STEP}); export it with "
+                          "--format safetensors or openpi")
+    if relative:
+        config.update(use_relative_actions=True, relative_exclude_joints=relative["exclude_joints"],
+                      action_feature_names=relative["action_names"])
+    elif "use_relative_actions" in config:  # a run that turned the checkpoint's off
+        config["use_relative_actions"] = False
 
 
 def _record(model: dict, data: dict) -> dict:

@@ -26,6 +26,8 @@ from zerojax.errors import ConfigError
 PRE, POST = "policy_preprocessor", "policy_postprocessor"
 FILES = (f"{PRE}.json", f"{POST}.json")  # what a run keeps of the checkpoint it started from
 NORMALIZERS = {"normalizer_processor": "normalizer_processor", "unnormalizer_processor": "unnormalizer_processor"}
+# LeRobot 0.6's relative actions: the preprocessor's step subtracts the state, the postprocessor's adds it back
+RELATIVE_STEP, ABSOLUTE_STEP = "relative_actions_processor", "absolute_actions_processor"
 
 
 def steps_of(kept: dict, default) -> tuple[list, list]:
@@ -75,11 +77,17 @@ def copy_tokenizer(tokenizer: str, out: Path) -> None:
             (out / name).write_bytes((source / name).read_bytes())  # a new file: the umask's mode, as the run's
 
 
-def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokenizer: str = "") -> None:
+KEEP = "keep"  # `write`'s relative: the steps as the kept files have them (a run on no LeRobot dataset)
+
+
+def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokenizer: str = "",
+          relative: dict | str | None = KEEP) -> None:
     """The two pipelines' JSON and their normalizers' statistics into directory `out`; the
     tokenizer step names `tokenizer`, the export's copy of the run's data.tokenizer (TOKENIZER_DIR,
     relative to the export: LeRobot must tokenize the prompt as the model learnt it), where the run
-    tokenized with one, else keeps the name it had."""
+    tokenized with one, else keeps the name it had. The relative and absolute steps are on where
+    the run learnt relative actions (`relative`, lerobot.json's record: the excluded joints and the
+    action's names), else off, whatever the checkpoint the run started from said (KEEP: as it said)."""
     from safetensors.numpy import save
 
     flat = {f"{feature}.{stat}": value for feature, values in check_stats(config, stats).items()
@@ -96,6 +104,13 @@ def write(out: Path, config: dict, stats: dict, steps: tuple[list, list], tokeni
                 step["state_file"] = f"{name}_step_{i}_{NORMALIZERS[step['registry_name']]}.safetensors"
                 # bytes written here, not save_file: safetensors 0.8 makes its files 0600
                 (out / step["state_file"]).write_bytes(save(flat))
+            elif step["registry_name"] == RELATIVE_STEP and relative != KEEP:
+                step["config"]["enabled"] = relative is not None
+                if relative:
+                    step["config"].update(exclude_joints=relative["exclude_joints"],
+                                          action_names=relative["action_names"])
+            elif step["registry_name"] == ABSOLUTE_STEP and relative != KEEP:
+                step["config"]["enabled"] = relative is not None
             elif step["registry_name"] == "tokenizer_processor":
                 step["config"]["max_length"] = config["tokenizer_max_length"]
                 if tokenizer:

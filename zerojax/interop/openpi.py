@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config.openpi_dir import ASSETS, INIT_DIR, NORM_STATS, PARAMS, STATS, read_assets
+from zerojax.data.lerobot.relative import RECORD as RELATIVE
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, STATE
@@ -92,9 +93,9 @@ def _run_assets(run_dir: Path) -> dict:
         doc = json.loads(record.read_text())
         stats = {k: {s: v for s, v in n.items() if s != "mode"} for k, n in doc["normalization"].items()}
         source = Path(doc.get("dataset", "")) / "meta" / "stats.json"
-        if source.is_file():
+        if source.is_file():  # the absolute statistics: never a relative action's (lerobot.json holds all of those)
             for key, kept in json.loads(source.read_text()).items():
-                if key in stats:
+                if key in stats and not (key == ACTION and doc.get(RELATIVE)):
                     stats[key].update({s: v for s, v in kept.items() if s in STATS and s not in stats[key]})
         names = {v: k for k, v in FEATURES.items()}
         out = {names[k]: {s: np.asarray(v, np.float32).reshape(-1).tolist() for s, v in st.items() if s in STATS}

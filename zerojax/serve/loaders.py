@@ -107,7 +107,8 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
 def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int, seed: int) -> ServedPolicy:
     """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`."""
     return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
-                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
+                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0),
+                        relative=doc.get("relative_actions"))  # data.lerobot.relative.RECORD
 
 
 def check_family(saved: dict, where: str) -> None:
@@ -157,4 +158,5 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
         raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
     return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
                         found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
-                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps)
+                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps,
+                        relative=found.relative)

@@ -14,7 +14,10 @@ The observation is one frame of the training dataset's features, keyed as the ru
 the family's batch of one row through the functions training builds its rows with
 (`lerobot.observation`, then the family's `PolicyAdapter.observation`): normalized with the run's
 statistics, resized with padding, tokenized with the run's tokenizer. `robot_actions` cuts the
-sampled chunk to the dataset's action width and unnormalizes it with the run's statistics.
+sampled chunk to the dataset's action width and unnormalizes it with the run's statistics; a run of
+relative actions (lerobot.json's `relative_actions`, model.action.relative) then has the
+observation's state added back on its relative joints (`data.lerobot.relative`), so the actions
+served are absolute, as LeRobot's AbsoluteActionsProcessorStep and openpi's AbsoluteActions give them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zerojax.data import lerobot
-from zerojax.data.lerobot import frames
+from zerojax.data.lerobot import frames, relative
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
 
@@ -52,6 +55,7 @@ class Observations:
     model_keys: dict  # the run's model section (model.family and the family's keys), as saved
     # top-left image padding (frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
     pad_before: bool = False
+    relative: dict | None = None  # lerobot.json's relative_actions (its "mask" [D_a]), or None: absolute actions
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
@@ -84,16 +88,23 @@ class Observations:
         return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
                                         self.tokenizer)
 
-    def normalized_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Actions in the robot's units normalized as the run's were (a real-time chunk's leftover)."""
+    def normalized_actions(self, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """Actions [K, D_a] in the robot's units normalized as the run's were (a real-time chunk's
+        leftover), made relative to the observation's `state` [D_s] first where the run's were."""
         norm = self.norms[ACTION]
+        if self.relative:
+            actions = relative.to_relative(actions, state, self.relative["mask"])
         return lerobot.normalize(actions, norm, norm["mode"])
 
-    def robot_actions(self, actions: np.ndarray) -> np.ndarray:
+    def robot_actions(self, actions: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
         """Sampled actions [..., H, chunk width] cut to the dataset's action width and
-        unnormalized with the run's statistics: float32 [..., H, D_a] in the robot's units."""
+        unnormalized with the run's statistics: float32 [..., H, D_a] in the robot's units; with
+        relative actions, the observations' `state` [..., D_s] added back on their joints."""
         norm = self.norms[ACTION]
-        return lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
+        out = lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
+        if self.relative:
+            out = relative.to_absolute(out, state, self.relative["mask"])
+        return out
 
     def blank(self) -> dict:
         """An observation of zeros and an empty prompt (what warm-up compiles on)."""

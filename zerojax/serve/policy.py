@@ -12,7 +12,8 @@ Each request draws fresh noise: request n (the server counts them from 0 over it
 connections together) draws jax.random.normal(fold_in(key(seed), n), [1, *chunk]), the chunk the
 adapter names ([H, max_action_dim] for π0), so a restarted server answers the same requests with
 the same actions. The actions are cut to the dataset's action width and unnormalized with the
-run's statistics: float32 [H, D_a].
+run's statistics: float32 [H, D_a]; a run of relative actions has the observation's state added
+back (its row carries the state as ROBOT_STATE, which the model never sees).
 
 A request with `prev_actions` and `inference_delay` = d (real-time chunking) is answered by the
 run's kind: a run trained with model.action.train_delay = D > 0 (training-time RTC) is given the
@@ -34,6 +35,8 @@ from flax import nnx
 from zerojax.models.vla import rtc
 from zerojax.models.family import ACTION, STATE
 from zerojax.serve.observation import ObservationError, Observations
+
+ROBOT_STATE = "robot_state"  # a row's state in the robot's units [1, D_s], where the actions are relative to it
 
 
 @dataclass
@@ -58,10 +61,11 @@ class ServedPolicy:
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
     rtc_horizon: int = 10  # real-time chunking's execution horizon (LeRobot's execution_horizon)
     rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/vla/rtc.py)
+    relative: dict | None = None  # lerobot.json's relative_actions: the actions are the state's offsets
 
     def __post_init__(self):
         self.observations = Observations(self.features, self.norms, self.tokenizer, self.image_size, self.prompt_len,
-                                         self.model_keys, self.pad_before)
+                                         self.model_keys, self.pad_before, self.relative)
         seen = self.observations
         self.cameras, self.state_dim, self.action_dim = seen.cameras, seen.state_dim, seen.action_dim
         self.adapter, self.pad_before, self.horizon = seen.adapter, seen.pad_before, seen.horizon
@@ -75,6 +79,7 @@ class ServedPolicy:
 
         def sample(params, batch, noise):
             batch, model = dict(batch), nnx.merge(graphdef, params)
+            batch.pop(ROBOT_STATE, None)  # for the actions' way back (`rows_actions`), not the model's
             if self.train_delay:  # a row given nothing has delay 0: it samples as without it
                 return model.sample_actions(batch, noise, self.num_steps, prefix_actions=batch.pop("prefix_actions"),
                                             delay=batch.pop("prefix_delay"))
@@ -107,12 +112,15 @@ class ServedPolicy:
         """The family's batch of one row for the observation, as training builds its rows, with
         its real-time-chunking guide."""
         raw = self.observations.check(obs)
-        return {**self.observations.row(raw), **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0))}
+        state = {ROBOT_STATE: raw[STATE][None]} if self.relative else {}
+        return {**self.observations.row(raw), **state,
+                **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0), raw[STATE])}
 
-    def rtc_row(self, leftover, delay: int) -> dict:
-        """The row's real-time chunking: the leftover normalized as the actions were, padded; the
-        guide's weights, or (a run trained with train_delay) the prefix given and its length."""
-        x = None if leftover is None else self.observations.normalized_actions(leftover)
+    def rtc_row(self, leftover, delay: int, state: np.ndarray) -> dict:
+        """The row's real-time chunking: the leftover normalized as the actions were (relative to
+        the observation's `state` where they were), padded; the guide's weights, or (a run trained
+        with train_delay) the prefix given and its length."""
+        x = None if leftover is None else self.observations.normalized_actions(leftover, state)
         padded, weights = rtc.leftover_rows(x, delay, self.rtc_horizon, self.horizon, self.observations.chunk_width)
         if not self.train_delay:
             return {"rtc_leftover": padded[None], "rtc_weights": weights[None]}
@@ -136,7 +144,7 @@ class ServedPolicy:
     def rows_actions(self, batch: dict, noise) -> np.ndarray:
         """`actions` of every row, [B, H, D_a] whatever B."""
         actions = np.asarray(self._sample(self.params, batch, jnp.asarray(noise, jnp.float32)))
-        return self.observations.robot_actions(actions)
+        return self.observations.robot_actions(actions, batch.get(ROBOT_STATE))
 
     def infer(self, obs, request: int) -> dict:
         """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the

@@ -11,6 +11,8 @@ read with pyarrow, PyAV and Pillow; no torch. `data.source=lerobot:DIR` opens th
     frames.py  camera frames: MP4 decoded with PyAV, embedded images with Pillow, the resize
                with padding
     stats.py   a v3.0 dataset's statistics computed as LeRobot 0.6.1 computes them (`zerojax stats`)
+    relative.py  relative actions (model.action.relative): the state subtracted and added back,
+               the relative actions' statistics a run normalizes with
 
 The package names the source's entry points and the normalization both ways; the modules are
 `zerojax.data.lerobot.NAME` (`from zerojax.data.lerobot import frames, stats`).

@@ -49,7 +49,7 @@ import numpy as np
 from zerojax.config.normalization import NormalizationMode
 from zerojax.data import corpus as corpus_lib
 from zerojax.data import idle
-from zerojax.data.lerobot import frames, meta, v21
+from zerojax.data.lerobot import frames, meta, relative, v21
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
@@ -132,11 +132,14 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
     cameras = cameras_of(cfg, info)
     d = cfg.data
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
+    chunks = relative.of_config(cfg, info)  # model.action.relative: checked before any frame is read
     dataset = meta.load(root, info, cameras, norms, VERSIONS[info["codebase_version"]])
-    check_normalized_range(dataset, norms)
+    if chunks:  # the action's statistics are those of what the model learns: the relative actions
+        dataset.stats = {**dataset.stats, ACTION: relative.statistics(dataset, chunks[0], info)}
+    check_normalized_range(dataset, norms, relative_actions=chunks is not None)
     tokenizer = corpus_lib.load_tokenizer(d.tokenizer) if d.tokenizer else None
     source = LeRobotSource(dataset, spec(cfg), cameras, norms, tokenizer, d.prompt_len, cfg.train.seed,
-                           d.val_fraction, info, pad_before=registry.pads_before(cfg.model.family))
+                           d.val_fraction, info, pad_before=registry.pads_before(cfg.model.family), relative=chunks)
     source.split_frames, source.idle = idle.drop_idle(dataset, source.split_frames, d.action_horizon, d.filter_idle,
                                                       d.filter_idle_actions)  # data.filter_idle (data/idle.py)
     return source
@@ -145,24 +148,27 @@ def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol nam
 NORMALIZED_LIMIT = 1e3  # a quantile-normalized value this far outside [-1, 1] is a collapsed range, not an outlier
 
 
-def check_normalized_range(dataset, norms: dict) -> None:
+def check_normalized_range(dataset, norms: dict, relative_actions: bool = False) -> None:
     """Refuse quantile statistics that would blow the data up (ConfigError). LeRobot's quantiles
     are the episodes' own, averaged: a feature constant within each episode but not across them (a
     goal, a gripper command per task) gets q01 = q99, and eps (1e-8) for a denominator; normalized,
-    its frames reach 1e7 and more, and the run trains, finite, on nothing. LeRobot does the same."""
+    its frames reach 1e7 and more, and the run trains, finite, on nothing. LeRobot does the same.
+    With `relative_actions` the action's ends are its relative statistics' min and max."""
     quantiles = (NormalizationMode.QUANTILES, NormalizationMode.QUANTILE10)
     for key, mode in norms.items():
         if NormalizationMode.of_config(mode) not in quantiles or key not in dataset.columns:
             continue
         x = dataset.columns[key]
-        ends = normalize(np.stack([x.min(0), x.max(0)]).astype(np.float32), dataset.stats[key], mode)
+        lo, hi = (np.asarray(dataset.stats[key][s], np.float32) for s in ("min", "max")) \
+            if key == ACTION and relative_actions else (x.min(0), x.max(0))
+        ends = normalize(np.stack([lo, hi]).astype(np.float32), dataset.stats[key], mode)
         worst = int(np.argmax(np.abs(ends).max(0)))
         if np.abs(ends[:, worst]).max() > NORMALIZED_LIMIT:
             lo, hi = NormalizationMode.of_config(mode).stats
             setting = f"data.norm_{'state' if key == STATE else 'action'}"
             raise ConfigError(
-                f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{x[:, worst].min():.4g}, "
-                f"{x[:, worst].max():.4g}] but its {lo} and {hi} are {dataset.stats[key][lo][worst]:.4g} and "
+                f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{lo[worst]:.4g}, "
+                f"{hi[worst]:.4g}] but its {lo} and {hi} are {dataset.stats[key][lo][worst]:.4g} and "
                 f"{dataset.stats[key][hi][worst]:.4g}: {setting}={mode} would map it to "
                 f"[{ends[0, worst]:.3g}, {ends[1, worst]:.3g}] (LeRobot's per-episode quantiles collapse on a "
                 f"feature constant within each episode); set {setting}=mean_std or min_max")
@@ -217,9 +223,10 @@ class LeRobotSource:
     """The source (module docstring): `item(index)` is one frame's row, `rows` a step's."""
 
     def __init__(self, dataset, spec, cameras, norms, tokenizer, prompt_len: int, seed: int, val_fraction: float,
-                 info: dict, pad_before: bool = False):
+                 info: dict, pad_before: bool = False, relative=None):
         self.dataset, self._spec, self.cameras, self.norms, self.info = dataset, spec, cameras, norms, info
         self.pad_before = pad_before
+        self.relative = relative  # (stats.Relative, mask [D_a]): model.action.relative's chunks, or None
         self.tokenizer, self.seed = tokenizer, seed
         self.horizon = spec[ACTION].shape[1]
         self.prompt_len = prompt_len  # data.prompt_len, for lerobot.json
@@ -242,11 +249,15 @@ class LeRobotSource:
         data needs to be served (the observation's features, the normalization's modes and
         statistics, to unnormalize its actions with `unnormalize`, the chunk and prompt lengths)."""
         features = {k: self.info["features"][k] for k in (STATE, *self.cameras, ACTION)}
+        # the relative actions' statistics all kept: no file of the dataset holds them (an export completes
+        # the absolute ones from meta/stats.json)
+        stats = self.dataset.stats
+        kept = {k: stats[k] if k == ACTION and self.relative else
+                {s: stats[k][s] for s in NormalizationMode.of_config(m).stats} for k, m in self.norms.items()}
         doc = {"dataset": str(self.dataset.root), "fps": self.dataset.fps, "features": features,
-               "normalization": {k: {"mode": m, **{s: self.dataset.stats[k][s]
-                                                    for s in NormalizationMode.of_config(m).stats}}
-                                 for k, m in self.norms.items()},
-               "action_horizon": self.horizon, "image_size": self.size, "prompt_len": self.prompt_len}
+               "normalization": {k: {"mode": m, **kept[k]} for k, m in self.norms.items()},
+               "action_horizon": self.horizon, "image_size": self.size, "prompt_len": self.prompt_len,
+               **({relative.RECORD: relative.record(self.relative[0], self.info)} if self.relative else {})}
         return {"lerobot.json": json.dumps(doc, indent=1) + "\n"}
 
     def frames_of(self, split: int, step: int) -> np.ndarray:
@@ -276,7 +287,9 @@ class LeRobotSource:
     def item(self, index: int) -> dict:
         raw, stats = self.raw_item(index), self.dataset.stats
         out = observation(raw, self.cameras, stats.get(STATE, {}), self.norms[STATE], self.size, self.pad_before)
-        out[ACTION] = normalize(raw[ACTION], stats.get(ACTION, {}), self.norms[ACTION])
+        actions = raw[ACTION] if self.relative is None else relative.to_relative(raw[ACTION], raw[STATE],
+                                                                                 self.relative[1])
+        out[ACTION] = normalize(actions, stats.get(ACTION, {}), self.norms[ACTION])
         out["action_is_pad"] = raw["action_is_pad"]
         return out
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +166,11 @@ class Relative:
 
     horizon: int
     exclude: tuple[str, ...] = ()
+    flag: str = field(default="--exclude", compare=False)  # what the user set `exclude` with, for the errors
+
+    def named(self, joints) -> str:
+        """`joints` as the user would have written them: `--exclude a b`, or `model.action.relative_exclude=a,b`."""
+        return f"{self.flag} {' '.join(joints)}" if self.flag.startswith("--") else f"{self.flag}={','.join(joints)}"
 
     def mask(self, info: dict) -> np.ndarray:
         """[D] True on the joints made relative: LeRobot's RelativeActionsProcessorStep._build_mask
@@ -182,12 +187,12 @@ class Relative:
         if not self.exclude:
             return np.ones(width, bool)
         if names is None:
-            raise ConfigError(f"--exclude {' '.join(self.exclude)}: the dataset's meta/info.json names no "
+            raise ConfigError(f"{self.named(self.exclude)}: the dataset's meta/info.json names no "
                               f"{ACTION} joints (its features.action.names), so none can be excluded by name")
         tokens = [t.lower() for t in self.exclude]
         unmatched = [t for t in self.exclude if not any(t.lower() in n.lower() for n in names)]
         if unmatched:
-            raise ConfigError(f"--exclude {' '.join(unmatched)} names none of the action's joints "
+            raise ConfigError(f"{self.named(unmatched)} names none of the action's joints "
                               f"({', '.join(names)}); a joint is excluded where the name is within its own")
         return np.array([not any(t in n.lower() for t in tokens) for n in names[:width]]
                         + [True] * (width - len(names)))

@@ -37,6 +37,8 @@ class ActionConfig:
     cameras: int = 1  # images per row (a missing one is masked)
     prompt_len: int = 48  # prompt tokens per row (LeRobot's tokenizer_max_length)
     train_delay: int = 0  # D: training-time RTC, each row's first d ~ U{0..D} actions given clean (0 = off)
+    relative: bool = False  # learn actions relative to the frame's state (openpi's DeltaActions; LeRobot's use_relative_actions)
+    relative_exclude: tuple[str, ...] = ()  # with relative: joints kept absolute, by the action's names (a name within a joint's: gripper)
 
     def __post_init__(self):
         for key in ("horizon", "max_state_dim", "max_action_dim", "cameras", "prompt_len"):
@@ -47,6 +49,9 @@ class ActionConfig:
             raise ConfigError(f"model.action.train_delay={self.train_delay} must be smaller than model.action.horizon="
                               f"{self.horizon} (a row's first d <= train_delay actions are given, the rest learnt); "
                               f"lower it")
+        if self.relative_exclude and not self.relative:
+            raise ConfigError(f"model.action.relative_exclude={list(self.relative_exclude)} names joints to keep absolute, "
+                              "but model.action.relative=false; set model.action.relative=true, or drop the exclusion")
         if self.action_dim > self.max_action_dim:
             raise ConfigError(f"model.action.action_dim={self.action_dim} is larger than model.action.max_action_dim="
                               f"{self.max_action_dim}; raise max_action_dim (the actions are padded to it)")
