@@ -13,7 +13,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from conftest import ROOT
 from zerojax import cli, config
