@@ -1,7 +1,8 @@
 """The three ways a policy comes to be served, each a `ServedPolicy` compiled and warmed up by
 `load` (openpi's `create_trained_policy`): a run directory's checkpoint with its lerobot.json
-(`run_policy`), a safetensors file `zerojax export` wrote of such a run (`export_policy`), and a
-LeRobot policy directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
+(`run_policy`; a mixture run's mixture.json, whose requests name their dataset: serve/mixture.py),
+a safetensors file `zerojax export` wrote of such a run (`export_policy`), and a LeRobot policy
+directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
 weight is read, what is not a policy trained on LeRobot data (ConfigError).
 """
 
@@ -17,6 +18,8 @@ from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import CAMERA, POLICY
 from zerojax.serve.policy import ServedPolicy
+
+MIXTURE_FILE = "mixture.json"  # a data.source=mixture run's record of its datasets (zerojax.data.mixture)
 
 
 def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
@@ -58,9 +61,10 @@ def export_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy
     where = f"{target} (exported at step {step})"
     check_family(saved, where)
     doc_text = metadata.get(export.RUN_FILE_KEY.format(name="lerobot.json"))
-    if doc_text is None:
+    mixture = metadata.get(export.RUN_FILE_KEY.format(name=MIXTURE_FILE))
+    if doc_text is None and mixture is None:
         raise ConfigError(f"{target}: the export carries no lerobot.json; zerojax serve needs the statistics and "
-                          "features of a run trained on data.source=lerobot:DIR (this run's data.source="
+                          "features of a run trained on data.source=lerobot:DIR or mixture (this run's data.source="
                           f"{saved['data']['source']})")
     tokenizer = None
     if saved["data"].get("tokenizer"):
@@ -70,9 +74,8 @@ def export_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(metadata[export.TOKENIZER_KEY])
-    doc = json.loads(doc_text)
     model = export.exported_model(saved, weights, str(target))
-    return _served(where, model, doc, tokenizer, saved, num_steps, seed)
+    return _served(where, model, json.loads(mixture or doc_text), tokenizer, saved, num_steps, seed)
 
 
 def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
@@ -83,7 +86,7 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
     saved, step = export.saved_config(target, step)
     where = f"{target} (step {step})"
     check_family(saved, str(target))
-    doc_path = target / "lerobot.json"
+    doc_path = target / MIXTURE_FILE if (target / MIXTURE_FILE).is_file() else target / "lerobot.json"
     if not doc_path.is_file():
         raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
                           f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
@@ -94,7 +97,12 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
 
 
 def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int, seed: int) -> ServedPolicy:
-    """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`."""
+    """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`, or
+    a mixture run's with its mixture.json (each request names its dataset: serve/mixture.py)."""
+    if "datasets" in doc:
+        records = [d["lerobot.json"] for d in doc["datasets"]]  # the image size and prompt length are the run's
+        return ServedPolicy(where, model, {}, {}, tokenizer, max(r["image_size"] for r in records),
+                            records[0]["prompt_len"], saved["model"], num_steps, seed, mixture=doc)
     return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
                         doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0))
 
