@@ -14,12 +14,11 @@ from pathlib import Path
 
 from zerojax.config.hf_config import LEROBOT, init_source
 from zerojax.data import corpus
+from zerojax.data.mixture import RUN_FILE as MIXTURE_FILE
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import CAMERA, POLICY
 from zerojax.serve.policy import ServedPolicy
-
-MIXTURE_FILE = "mixture.json"  # a data.source=mixture run's record of its datasets (zerojax.data.mixture)
 
 
 def load(target: Path, step: int | None = None, num_steps: int = 10, seed: int = 0, tokenizer: str | None = None,
