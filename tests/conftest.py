@@ -17,6 +17,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import yaml  # noqa: E402
 
 # Repeated runs of the suite (and the CLI subprocesses) reuse compiled programs.
 CACHE = Path(__file__).resolve().parent.parent / ".jax_cache"
@@ -35,6 +36,17 @@ def tiny_overrides(tmp_path):
         "model.seq_len=16", "train.global_batch=16", "train.steps=5", "train.log_every=1",
         "train.eval_every=0", "train.sample_tokens=0", "train.ckpt_every=0", f"train.out_dir={tmp_path / 'run'}",
     ]
+
+
+def load_config_file(path: Path):
+    """A configs/ file as a run loads it. A fine-tuning recipe that augments its images
+    (data.augment) leaves the LeRobot dataset to the command line, and refuses to load without
+    one: it gets the tiny fixture's."""
+    from zerojax import config
+
+    data = (yaml.safe_load(path.read_text()) or {}).get("data") or {}
+    given = data.get("augment", "none") != "none" and "source" not in data
+    return config.load(path, overrides=[f"data.source=lerobot:{ROOT / 'tests/fixtures/lerobot/tiny'}"] * given)
 
 
 # A tiny GPT run of 5 steps on 32 rows (divisible by 8 devices x grad_accum 4); min_shard_size

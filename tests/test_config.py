@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_config_file
 from zerojax import config
 from zerojax.config import rules
 
@@ -20,7 +20,7 @@ def test_tiny_yaml_spells_out_the_defaults():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_config_file_loads(path):
-    cfg = config.load(path)
+    cfg = load_config_file(path)
     assert cfg.name == path.stem
     assert cfg.model.d_model % cfg.model.n_heads == 0
 

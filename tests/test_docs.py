@@ -95,7 +95,7 @@ def test_the_readmes_commands_parse_and_their_keys_load(monkeypatch):
     """Every `zerojax` line of README.md is a command with valid flags, and its config (file and
     KEY=VALUE overrides) loads: a renamed key, flag or config file fails here. ($CKPT: the tiny π0.5
     the tutorial stands in with, and its tower's head count; the data and model files the user
-    brings are left out.)"""
+    brings are left out, a LeRobot dataset stood in for by the tiny fixture.)"""
     monkeypatch.chdir(ROOT)
     text = (ROOT / "README.md").read_text()
     lines = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
@@ -106,7 +106,11 @@ def test_the_readmes_commands_parse_and_their_keys_load(monkeypatch):
     for line in lines:
         args = parser.parse_args(shlex.split(line)[1:])
         if hasattr(args, "overrides"):
-            overrides = [o for o in args.overrides if not o.startswith(("data.source=", "model.init_from=PATH"))]
+            # the user's LeRobot dataset: the tiny fixture (a recipe that augments images needs one)
+            fixture = f"data.source=lerobot:{ROOT / 'tests/fixtures/lerobot/tiny'}"
+            overrides = [fixture if o.startswith("data.source=lerobot:") else o for o in args.overrides
+                         if not o.startswith("model.init_from=PATH")
+                         and (o.startswith("data.source=lerobot:") or not o.startswith("data.source="))]
             tiny = ["model.vision.n_heads=2"] if "lerobot06/pi05" in line else []  # the tutorial's overlay key
             config.load(args.config, overrides + tiny)
 

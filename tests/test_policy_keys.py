@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import ROOT, one_error_line
+from conftest import ROOT, load_config_file, one_error_line
 from zerojax import config
 from zerojax.config import policy_keys
 from zerojax.models import registry
@@ -32,7 +32,7 @@ def policy_configs():
 def test_a_policy_config_states_its_shapes_once_and_the_data_follows_the_model(path):
     doc = yaml.safe_load(path.read_text())
     assert not set(SHAPE_KEYS) & set(doc.get("data") or {}), f"{path.name} states a policy shape under data:"
-    cfg = config.load(path)
+    cfg = load_config_file(path)
     assert (cfg.data.action_horizon, cfg.data.image_size, cfg.data.prompt_len) == \
         (cfg.model.action.horizon, cfg.model.vision.image_size, cfg.model.action.prompt_len)
 

@@ -25,6 +25,8 @@ def arguments(client: Parser) -> None:
                         "is its frame --frame, with the cameras the server asks for")
     client.add_argument("--frame", type=int, default=0, metavar="N", help="--from: the dataset index (default 0)")
     client.add_argument("--observation", metavar="FILE.npz", help="an observation --save wrote, instead of --from")
+    client.add_argument("--dataset", metavar="NAME", help="a mixture run's server: the dataset the observation is "
+                        "of (default with --from: the one of the server's datasets lerobot:DIR is)")
     client.add_argument("--save", metavar="FILE.npz", help="also save the observation sent, for --observation")
     client.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -42,9 +44,10 @@ def run(args) -> int:
     api_key = args.api_key or os.environ.get("ZEROJAX_API_KEY") or None
     with client.Connection(args.host, args.port, api_key) as connection:
         if args.source:
-            obs, expected = client.dataset_frame(args.source, args.frame, connection.metadata)
+            obs, expected = client.dataset_frame(args.source, args.frame, connection.metadata, args.dataset)
         else:
             obs, expected = client.load(Path(args.observation)), None
+            obs.update({client.DATASET: args.dataset} if args.dataset else {})
         if args.save:
             client.save(obs, Path(args.save))
         answer = connection.infer(obs)

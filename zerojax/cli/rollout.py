@@ -100,6 +100,9 @@ def _policy(args):
 
     served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
                              rtc_jacobian=args.rtc_jacobian)
+    if served.mixture:  # each request would name one of its datasets, and a Meta-World task is none of them
+        raise UsageError(f"{served.where} trained on a mixture of datasets (data.source=mixture); rollout runs a run "
+                         "of one Meta-World dataset (`zerojax serve` serves a mixture, each request naming its dataset)")
     if args.rtc and served.train_delay and args.delay > served.train_delay:
         raise UsageError(f"--delay {args.delay} with --rtc: the run was trained to be given at most "
                          f"{served.train_delay} actions (model.action.train_delay={served.train_delay}); "

@@ -29,9 +29,10 @@ dataset's split by a generator seeded with (seed, split, step). So a batch is th
 mesh and any process count, each process building only its rows.
 
 A mixture's run writes mixture.json (each dataset's weight and lerobot.json record: its features
-and statistics) and no lerobot.json. Not yet: `zerojax export --format lerobot` refuses such a
-run (LeRobot's files hold one set of statistics), and `serve` / `rollout` have no per-dataset
-statistics to pick by a key of the request.
+and statistics) and no lerobot.json. Its safetensors export carries the file, and `zerojax serve`
+of either reads each request with the statistics of the dataset it names (zerojax/serve/mixture.py).
+`zerojax export --format lerobot` and `--format openpi` refuse such a run (`export_refusal`): each
+of those formats holds one normalization.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
 
 STREAM = 0x4D495854  # the generators' stream for the mixture's draws, apart from the rows' and the noise's
 PHI = (math.sqrt(5.0) - 1.0) / 2.0  # the golden ratio's fraction: the Weyl sequence's step
+RUN_FILE = "mixture.json"  # the run's record of its datasets (`MixtureSource.run_files`)
 
 
 def member_cfg(cfg, root: str, cameras: tuple[str, ...] = ()):
@@ -146,7 +148,7 @@ class MixtureSource:
         datasets = [{"dataset": root, "weight": float(w), "lerobot.json": json.loads(s.run_files()["lerobot.json"])}
                     for root, w, s in zip(self.roots, self.weights, self.sources)]
         doc = {"datasets": datasets, "camera_slots": self.slots}
-        return {"mixture.json": json.dumps(doc, indent=1) + "\n"}
+        return {RUN_FILE: json.dumps(doc, indent=1) + "\n"}
 
     def draw(self, split: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(dataset of each row int [B], its dataset index int [B]) of the step's global batch."""
@@ -183,6 +185,14 @@ class MixtureSource:
     def camera_masks(self, split: int, step: int, rows: slice) -> np.ndarray:
         """bool [rows, slots]: which camera slots each of these rows really has."""
         return self.present[self.draw(split, step)[0][rows]]
+
+
+def export_refusal(run_dir, fmt: str, what: str) -> str:
+    """Why --format `fmt` does not write a mixture run, and what serves each of its datasets."""
+    return (f"{run_dir} trained on a mixture of datasets (data.source=mixture; mixture.json holds each one's "
+            f"statistics), and {what} holds one normalization: --format {fmt} cannot write it. `zerojax export "
+            f"{run_dir} --out FILE.safetensors` carries every dataset's, and `zerojax serve FILE.safetensors` answers "
+            "each robot in its own units, the request naming its dataset ('dataset')")
 
 
 def pad_last(x: np.ndarray, width: int) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 from zerojax.config import read_json_object
 from zerojax.config.hf_config import LEROBOT, ZEROJAX_FILE, init_source
 from zerojax.config.normalization import V03_MODES, NormalizationMode
-from zerojax.data import corpus
+from zerojax.data import corpus, mixture
 from zerojax.data.lerobot.relative import RECORD as RELATIVE
 from zerojax.errors import ConfigError
 from zerojax.interop import lerobot_processors as processors
@@ -40,9 +40,8 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
         for key, value in load_file(init / STATS_FILE).items():
             feature, stat = key.rsplit(".", 1)
             stats.setdefault(feature, {})[stat] = value
-    if (run_dir / "mixture.json").is_file():  # data.source=mixture: no one dataset's statistics to write
-        raise ConfigError(f"{run_dir} trained on a mixture of datasets (mixture.json lists each one's statistics); "
-                          "exporting it with per-dataset normalization is not supported yet")
+    if (run_dir / mixture.RUN_FILE).is_file():  # data.source=mixture: no one dataset's statistics to write
+        raise ConfigError(mixture.export_refusal(run_dir, "lerobot", "LeRobot's policy directory"))
     data = {}
     if (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config.openpi_dir import ASSETS, INIT_DIR, NORM_STATS, PARAMS, STATS, read_assets
+from zerojax.data import mixture
 from zerojax.data.lerobot.relative import RECORD as RELATIVE
 from zerojax.errors import ConfigError
 from zerojax.models import registry
@@ -140,6 +141,8 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtyp
 
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
+    if (Path(run_dir) / mixture.RUN_FILE).is_file():  # data.source=mixture: each dataset's statistics, not one set
+        raise ConfigError(mixture.export_refusal(run_dir, "openpi", "openpi's checkpoint (one assets/ entry a policy)"))
     layouts = registry.openpi_layouts()
     if model["family"] not in layouts:
         raise ConfigError(f"model.family={model['family']}: no openpi layout; --format openpi writes "

@@ -6,6 +6,8 @@
                     functions, and the actions back in the robot's units (openpi's transforms)
     policy.py       the model between them: sample_actions jitted, real-time chunking, batches
                     padded to a few compiled sizes, the warm-up (openpi's `Policy`)
+    mixture.py      a mixture run's observations: each request names its dataset, read and
+                    answered with that dataset's statistics, cameras and widths
     loaders.py      a run directory, an export or a LeRobot policy directory, served
                     (openpi's `create_trained_policy`)
     server.py       the websocket server (the `websockets` library's asyncio server)

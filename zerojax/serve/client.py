@@ -24,6 +24,7 @@ from zerojax.serve import wire
 CAMERA = "observation.images."
 STATE = "observation.state"
 LEROBOT = "lerobot:"
+DATASET = "dataset"  # a mixture run's request names its dataset (zerojax.serve.mixture)
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,12 @@ class Connection:
         self.close()
 
 
-def dataset_frame(source: str, frame: int, metadata: dict) -> tuple[dict, np.ndarray]:
+def dataset_frame(source: str, frame: int, metadata: dict, name: str | None = None) -> tuple[dict, np.ndarray]:
     """(the observation at dataset index `frame` of `lerobot:DIR`: the state, the task and each
     camera the server's metadata names that the dataset has (a camera it lacks is left for the
-    server to mask or refuse); the dataset's own actions from that frame on: the chunk of the
-    server's horizon, its padding past the episode's end dropped)."""
+    server to mask or refuse), and for a mixture run's server the dataset's name (`name`, else
+    the one of its datasets DIR is: `mixture_name`); the dataset's own actions from that frame on:
+    the chunk of the server's horizon, its padding past the episode's end dropped)."""
     from zerojax import config
     from zerojax.data import sources
 
@@ -83,6 +85,8 @@ def dataset_frame(source: str, frame: int, metadata: dict) -> tuple[dict, np.nda
         raise ConfigError(f"--from {source!r}: give lerobot:DIR, a LeRobot dataset directory")
     cfg = config.load(overrides=[f"data.source={source}"])  # every camera of the dataset
     dataset = importlib.import_module(sources.KINDS["lerobot"]).open(cfg)  # the dataset as it is, no family's batch
+    mixture = "datasets" in metadata  # a mixture run's server: the request names its dataset (serve/mixture.py)
+    name = (name or mixture_name(source[len(LEROBOT):], metadata)) if mixture else None
     cameras = [key for key in metadata["observation"] if key in dataset.cameras]
     frames = dataset.dataset.index
     if frame not in frames:
@@ -90,8 +94,22 @@ def dataset_frame(source: str, frame: int, metadata: dict) -> tuple[dict, np.nda
                           f"{int(frames.min())} to {int(frames.max())}")
     numbers = dataset.dataset.numbers(frame, int(metadata["action_horizon"]))
     obs = {STATE: np.asarray(numbers[STATE], np.float32), "prompt": str(numbers["task"]),
-           **{camera: dataset.dataset.image(camera, frame, dataset.video) for camera in cameras}}
+           **{camera: dataset.dataset.image(camera, frame, dataset.video) for camera in cameras},
+           **({DATASET: name} if mixture else {})}
     return obs, np.asarray(numbers["action"])[~np.asarray(numbers["action_is_pad"], bool)]
+
+
+def mixture_name(directory: str, metadata: dict) -> str:
+    """The name of the mixture server's dataset that `directory` is (the same directory, else
+    the same directory name); ConfigError naming the server's datasets where none is."""
+    datasets = list(metadata["datasets"])
+    same = [d for d in datasets if Path(d).resolve() == Path(directory).resolve()] or \
+        [d for d in datasets if Path(d).name == Path(directory).name]
+    if len(same) != 1:
+        raise ConfigError(f"--from lerobot:{directory}: the server's policy trained on a mixture of datasets "
+                          f"({', '.join(datasets)}) and {directory} is {'none' if not same else 'more than one'} of "
+                          "them by its directory; give --dataset NAME")
+    return same[0]
 
 
 def load(path: Path) -> dict:
@@ -101,7 +119,7 @@ def load(path: Path) -> dict:
                           "--save` wrote (one array per key, the prompt a str array)")
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {key: str(npz[key]) if key == "prompt" else npz[key] for key in npz.files}
+            return {key: str(npz[key]) if key in ("prompt", DATASET) else npz[key] for key in npz.files}
     except (ValueError, OSError) as err:  # not an .npz, or one holding objects
         raise ConfigError(f"--observation {str(path)!r} is not an observation .npz ({err})") from None
 

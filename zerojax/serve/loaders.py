@@ -3,7 +3,9 @@
 (`run_policy`), or a checkpoint whose format's record names a server (`zerojax.checkpoints`): a
 safetensors file `zerojax export` wrote of such a run (`export_policy`), and a LeRobot policy
 directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
-weight is read, what is not a policy trained on LeRobot data (ConfigError).
+weight is read, what is not a policy trained on LeRobot data (ConfigError). A mixture run (or
+its export) is served from its mixture.json instead of a lerobot.json: each request names its
+dataset, answered with that dataset's statistics, cameras and widths (serve/mixture.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from zerojax.checkpoints import format as checkpoints
 from zerojax.data import corpus
+from zerojax.data.mixture import RUN_FILE as MIXTURE_FILE
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import CAMERA, POLICY
@@ -69,9 +72,10 @@ def export_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None,
     where = f"{target} (exported at step {step})"
     check_family(saved, where)
     doc_text = metadata.get(export.RUN_FILE_KEY.format(name="lerobot.json"))
-    if doc_text is None:
+    mixture = metadata.get(export.RUN_FILE_KEY.format(name=MIXTURE_FILE))
+    if doc_text is None and mixture is None:
         raise ConfigError(f"{target}: the export carries no lerobot.json; zerojax serve needs the statistics and "
-                          "features of a run trained on data.source=lerobot:DIR (this run's data.source="
+                          "features of a run trained on data.source=lerobot:DIR or mixture (this run's data.source="
                           f"{saved['data']['source']})")
     tokenizer = None
     if saved["data"].get("tokenizer"):
@@ -81,9 +85,8 @@ def export_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None,
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(metadata[export.TOKENIZER_KEY])
-    doc = json.loads(doc_text)
     model = export.exported_model(saved, weights, str(target))
-    return _served(where, model, doc, tokenizer, saved, num_steps, seed)
+    return _served(where, model, json.loads(mixture or doc_text), tokenizer, saved, num_steps, seed)
 
 
 def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
@@ -94,7 +97,7 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
     saved, step = export.saved_config(target, step)
     where = f"{target} (step {step})"
     check_family(saved, str(target))
-    doc_path = target / "lerobot.json"
+    doc_path = target / MIXTURE_FILE if (target / MIXTURE_FILE).is_file() else target / "lerobot.json"
     if not doc_path.is_file():
         raise ConfigError(f"{doc_path}: no such file; zerojax serve needs the statistics and features a run of "
                           f"data.source=lerobot:DIR writes there (this run's data.source={saved['data']['source']})")
@@ -105,7 +108,12 @@ def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:
 
 
 def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int, seed: int) -> ServedPolicy:
-    """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`."""
+    """A zerojax run's policy (a run directory's or an export's) with its lerobot.json `doc`, or
+    a mixture run's with its mixture.json (each request names its dataset: serve/mixture.py)."""
+    if "datasets" in doc:
+        records = [d["lerobot.json"] for d in doc["datasets"]]  # the image size and prompt length are the run's
+        return ServedPolicy(where, model, {}, {}, tokenizer, max(r["image_size"] for r in records),
+                            records[0]["prompt_len"], saved["model"], num_steps, seed, mixture=doc)
     return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
                         doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0),
                         relative=doc.get("relative_actions"))  # data.lerobot.relative.RECORD

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zerojax.data import lerobot
+from zerojax.data import lerobot, mixture
 from zerojax.data.lerobot import frames, relative
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE
@@ -36,6 +36,8 @@ PROMPT_KEYS = ("prompt", "task")  # openpi's clients send "prompt"; LeRobot's fr
 # real-time chunking, optional (an openpi client sends neither): the previous chunk's actions not yet
 # executed, float [K, D_a] in the robot's units, and how many of them run while this request is served
 RTC_KEYS = ("prev_actions", "inference_delay")
+# a mixture run's request names its dataset (serve/mixture.py); its row carries the dataset's index
+DATASET = "dataset"
 
 
 class ObservationError(ValueError):
@@ -56,6 +58,12 @@ class Observations:
     # top-left image padding (frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
     pad_before: bool = False
     relative: dict | None = None  # lerobot.json's relative_actions (its "mask" [D_a]), or None: absolute actions
+    # one dataset of a mixture run (serve/mixture.py): the run's camera slots and state width, which
+    # its rows fill as training's did (a camera it lacks all -1 and masked, the state zero-padded),
+    # and its index, which its rows carry under DATASET; (), 0 and -1: a run of one dataset
+    slots: tuple = ()
+    state_width: int = 0
+    index: int = -1
 
     def __post_init__(self):
         self.cameras = [k for k in self.features if k.startswith(CAMERA)]
@@ -65,12 +73,17 @@ class Observations:
         self.pad_before = self.pad_before or self.adapter.pad_before  # SmolVLA pads top and left in every version
         self.horizon, self.chunk_width = self.adapter.chunk(self.model_keys)
 
+    def member(self, obs) -> "Observations":
+        """What reads `obs`: these observations (a mixture run's pick its dataset's, serve/mixture.py)."""
+        return self
+
     def check(self, obs) -> dict:
         """The observation as a dataset frame before normalization (lerobot's raw item), or an
         ObservationError naming the key."""
         if not isinstance(obs, dict):
             raise ObservationError(f"an observation is a map of {self.expected()}; got a {type(obs).__name__}")
-        unknown = [k for k in obs if k not in (STATE, *self.cameras, *PROMPT_KEYS, *RTC_KEYS)]
+        known = (STATE, *self.cameras, *PROMPT_KEYS, *RTC_KEYS, *[DATASET] * (self.index >= 0))
+        unknown = [k for k in obs if k not in known]
         missing = [k for k in (STATE, *self.cameras) if k not in obs]
         if unknown or missing:
             what = "; ".join([f"unknown key {', '.join(map(repr, unknown))}"] * bool(unknown) +
@@ -85,8 +98,16 @@ class Observations:
         """The family's batch of one row for a checked observation, as training builds its rows."""
         row = lerobot.observation(raw, self.cameras, self.norms[STATE], self.norms[STATE]["mode"], self.image_size,
                                   self.pad_before)
-        return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
-                                        self.tokenizer)
+        if self.index < 0:
+            return self.adapter.observation({k: v[None] for k, v in row.items()}, self.cameras, self.model_keys,
+                                            self.tokenizer)
+        # as zerojax.data.mixture builds a mixture's rows (MixtureSource.item, then Masked)
+        empty = np.full((3, self.image_size, self.image_size), -1.0, np.float32)
+        row = {**{c: empty for c in self.slots}, **row, STATE: mixture.pad_last(row[STATE], self.state_width)}
+        out = self.adapter.observation({k: v[None] for k, v in row.items()}, list(self.slots), self.model_keys,
+                                       self.tokenizer)
+        out["image_masks"][:, :len(self.slots)] &= np.array([c in self.cameras for c in self.slots])
+        return {**out, DATASET: np.array([self.index], np.int32)}
 
     def normalized_actions(self, actions: np.ndarray, state: np.ndarray) -> np.ndarray:
         """Actions [K, D_a] in the robot's units normalized as the run's were (a real-time chunk's
@@ -96,10 +117,12 @@ class Observations:
             actions = relative.to_relative(actions, state, self.relative["mask"])
         return lerobot.normalize(actions, norm, norm["mode"])
 
-    def robot_actions(self, actions: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
+    def robot_actions(self, actions: np.ndarray, state: np.ndarray | None = None, datasets=None) -> np.ndarray:
         """Sampled actions [..., H, chunk width] cut to the dataset's action width and
         unnormalized with the run's statistics: float32 [..., H, D_a] in the robot's units; with
-        relative actions, the observations' `state` [..., D_s] added back on their joints."""
+        relative actions, the observations' `state` [..., D_s] (in the robot's units; zero-padded
+        beyond the dataset's width in a mixture's rows) added back on their joints. `datasets`,
+        each row's DATASET, is for a mixture's observations (serve/mixture.py) and unused here."""
         norm = self.norms[ACTION]
         out = lerobot.unnormalize(actions[..., : self.action_dim], norm, norm["mode"])
         if self.relative:
@@ -110,6 +133,19 @@ class Observations:
         """An observation of zeros and an empty prompt (what warm-up compiles on)."""
         return {STATE: np.zeros(self.state_dim, np.float32), "prompt": "",
                 **{c: np.zeros(self.features[c]["shape"], np.uint8) for c in self.cameras}}
+
+    def describe(self) -> dict:
+        """The server's metadata of what it reads and writes (ServedPolicy.metadata)."""
+        observation = {STATE: {"shape": [self.state_dim], "dtype": "float32"}}
+        observation.update({c: {"shape": list(self.features[c]["shape"]), "dtype": "uint8"} for c in self.cameras})
+        observation["prompt"] = {"dtype": "str"}
+        return {"observation": observation, "action_dim": self.action_dim,
+                "action_names": self.features[ACTION].get("names")}
+
+    @property
+    def camera_shapes(self) -> dict:
+        """{camera: its dataset's frame shape} (the largest message the server accepts)."""
+        return {c: self.features[c]["shape"] for c in self.cameras}
 
     @property
     def expected_keys(self) -> tuple:

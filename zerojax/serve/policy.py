@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zerojax.models.family import STATE
 from zerojax.models.vla import rtc
-from zerojax.models.family import ACTION, STATE
-from zerojax.serve.observation import ObservationError, Observations
+from zerojax.serve.mixture import Datasets
+from zerojax.serve.observation import DATASET, ObservationError, Observations
 
 ROBOT_STATE = "robot_state"  # a row's state in the robot's units [1, D_s], where the actions are relative to it
 
@@ -62,10 +63,18 @@ class ServedPolicy:
     rtc_horizon: int = 10  # real-time chunking's execution horizon (LeRobot's execution_horizon)
     rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/vla/rtc.py)
     relative: dict | None = None  # lerobot.json's relative_actions: the actions are the state's offsets
+    # a mixture run's mixture.json (its datasets' features and statistics, the camera slots, each one's
+    # relative_actions): a request names its dataset (serve/mixture.py); `features`, `norms` and
+    # `relative` are then unused
+    mixture: dict | None = None
 
     def __post_init__(self):
-        self.observations = Observations(self.features, self.norms, self.tokenizer, self.image_size, self.prompt_len,
-                                         self.model_keys, self.pad_before, self.relative)
+        if self.mixture:
+            self.observations = Datasets(self.mixture, self.tokenizer, self.image_size, self.prompt_len,
+                                         self.model_keys, self.pad_before)
+        else:
+            self.observations = Observations(self.features, self.norms, self.tokenizer, self.image_size,
+                                             self.prompt_len, self.model_keys, self.pad_before, self.relative)
         seen = self.observations
         self.cameras, self.state_dim, self.action_dim = seen.cameras, seen.state_dim, seen.action_dim
         self.adapter, self.pad_before, self.horizon = seen.adapter, seen.pad_before, seen.horizon
@@ -93,17 +102,13 @@ class ServedPolicy:
     def max_message_bytes(self) -> int:
         """The largest observation accepted: every camera as float32 at its dataset size or up
         to 512 x 512, whichever is larger, and 1 MiB for the state, the prompt and msgpack."""
-        pixels = sum(max(math.prod(self.features[c]["shape"][:2]), 512 * 512) for c in self.cameras)
-        return 2**20 + 4 * 3 * pixels
+        shapes = self.observations.camera_shapes.values()
+        return 2**20 + 4 * 3 * sum(max(math.prod(shape[:2]), 512 * 512) for shape in shapes)
 
     def metadata(self) -> dict:
         """What the server sends on connect: enough for a client to build an observation."""
-        observation = {STATE: {"shape": [self.state_dim], "dtype": "float32"}}
-        observation.update({c: {"shape": list(self.features[c]["shape"]), "dtype": "uint8"} for c in self.cameras})
-        observation["prompt"] = {"dtype": "str"}
-        return {"policy": f"zerojax {self.model_keys['family']}", "run": self.where, "observation": observation,
-                "action_horizon": self.horizon, "action_dim": self.action_dim,
-                "action_names": self.features[ACTION].get("names"), "fps": self.fps, "num_steps": self.num_steps,
+        return {"policy": f"zerojax {self.model_keys['family']}", "run": self.where, **self.observations.describe(),
+                "action_horizon": self.horizon, "fps": self.fps, "num_steps": self.num_steps,
                 "seed": self.seed, "max_message_bytes": self.max_message_bytes,
                 "real_time_chunking": ({"kind": "trained", "max_inference_delay": self.train_delay} if self.train_delay
                                        else {"kind": "guided"})}
@@ -111,16 +116,19 @@ class ServedPolicy:
     def batch(self, obs) -> dict:
         """The family's batch of one row for the observation, as training builds its rows, with
         its real-time-chunking guide."""
-        raw = self.observations.check(obs)
-        state = {ROBOT_STATE: raw[STATE][None]} if self.relative else {}
-        return {**self.observations.row(raw), **state,
-                **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0), raw[STATE])}
+        seen = self.observations.member(obs)  # a mixture run's: the request's dataset's
+        raw = seen.check(obs)
+        # the state in the robot's units, padded to the run's width (a mixture's rows of several datasets stack)
+        state = {ROBOT_STATE: np.pad(raw[STATE], (0, self.state_dim - len(raw[STATE])))[None]} \
+            if self.observations.relative else {}
+        return {**seen.row(raw), **state,
+                **self.rtc_row(raw.get("prev_actions"), raw.get("inference_delay", 0), raw[STATE], seen)}
 
-    def rtc_row(self, leftover, delay: int, state: np.ndarray) -> dict:
-        """The row's real-time chunking: the leftover normalized as the actions were (relative to
-        the observation's `state` where they were), padded; the guide's weights, or (a run trained
-        with train_delay) the prefix given and its length."""
-        x = None if leftover is None else self.observations.normalized_actions(leftover, state)
+    def rtc_row(self, leftover, delay: int, state: np.ndarray, seen: Observations | None = None) -> dict:
+        """The row's real-time chunking: the leftover normalized as the actions were (with `seen`'s
+        statistics, a mixture's dataset's; relative to the observation's `state` where they were),
+        padded; the guide's weights, or (a run trained with train_delay) the prefix given and its length."""
+        x = None if leftover is None else (seen or self.observations).normalized_actions(leftover, state)
         padded, weights = rtc.leftover_rows(x, delay, self.rtc_horizon, self.horizon, self.observations.chunk_width)
         if not self.train_delay:
             return {"rtc_leftover": padded[None], "rtc_weights": weights[None]}
@@ -143,8 +151,10 @@ class ServedPolicy:
 
     def rows_actions(self, batch: dict, noise) -> np.ndarray:
         """`actions` of every row, [B, H, D_a] whatever B."""
+        batch = dict(batch)
+        datasets = batch.pop(DATASET, None)  # a mixture run's rows: each one's dataset
         actions = np.asarray(self._sample(self.params, batch, jnp.asarray(noise, jnp.float32)))
-        return self.observations.robot_actions(actions, batch.get(ROBOT_STATE))
+        return self.observations.robot_actions(actions, batch.get(ROBOT_STATE), datasets)
 
     def infer(self, obs, request: int) -> dict:
         """{"actions": float32 [H, D_a]} in the robot's units, for one observation, with the
@@ -182,6 +192,7 @@ class ServedPolicy:
             self.infer_rows([row] * size, [0] * size)
         self.compile_s = time.perf_counter() - start
         start = time.perf_counter()
+        row = {k: v for k, v in row.items() if k != DATASET}
         jax.block_until_ready(self._sample(self.params, row, self.noise(0)))
         self.call_ms = (time.perf_counter() - start) * 1e3
 

@@ -186,7 +186,8 @@ def _weights_choice(run_dir: Path, meta: dict, weights: str | None) -> str:
 
 CONFIG_KEY, STEP_KEY = "zerojax.config", "zerojax.step"  # a safetensors export's metadata (`run_metadata`)
 RUN_FILE_KEY, TOKENIZER_KEY = "zerojax.run/{name}", "zerojax.tokenizer.json"
-RUN_FILES = ("lerobot.json",)  # the run's files a safetensors export carries (a policy's features and statistics)
+# the run's files a safetensors export carries: a policy's features and statistics (a mixture's: each dataset's)
+RUN_FILES = ("lerobot.json", "mixture.json")
 
 
 def run_metadata(run_dir: Path, config: dict, step: int) -> dict:
