@@ -140,12 +140,12 @@ def check_normalized_range(dataset, norms: dict, relative_actions: bool = False)
         ends = normalize(np.stack([lo, hi]).astype(np.float32), dataset.stats[key], mode)
         worst = int(np.argmax(np.abs(ends).max(0)))
         if np.abs(ends[:, worst]).max() > NORMALIZED_LIMIT:
-            lo, hi = NormalizationMode.of_config(mode).stats
+            low, high = NormalizationMode.of_config(mode).stats
             setting = f"data.norm_{'state' if key == STATE else 'action'}"
             raise ConfigError(
                 f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{lo[worst]:.4g}, "
-                f"{hi[worst]:.4g}] but its {lo} and {hi} are {dataset.stats[key][lo][worst]:.4g} and "
-                f"{dataset.stats[key][hi][worst]:.4g}: {setting}={mode} would map it to "
+                f"{hi[worst]:.4g}] but its {low} and {high} are {dataset.stats[key][low][worst]:.4g} and "
+                f"{dataset.stats[key][high][worst]:.4g}: {setting}={mode} would map it to "
                 f"[{ends[0, worst]:.3g}, {ends[1, worst]:.3g}] (LeRobot's per-episode quantiles collapse on a "
                 f"feature constant within each episode); set {setting}=mean_std or min_max")
 
