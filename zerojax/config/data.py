@@ -123,6 +123,11 @@ class DataConfig:
     openpi_augment: OpenpiAugmentConfig = field(default_factory=OpenpiAugmentConfig)  # data.augment=openpi's parameters
     lerobot_augment: LeRobotAugmentConfig = field(default_factory=LeRobotAugmentConfig)  # data.augment=lerobot's parameters
 
+    @property
+    def robot(self) -> bool:
+        """data.source reads robot episodes (`is_robot_data`)."""
+        return is_robot_data(self.source)
+
     def __post_init__(self):
         _choice("data.augment", self.augment, AUGMENTS)
         object.__setattr__(self, "mixture", tuple(self.mixture.items()) if isinstance(self.mixture, dict)

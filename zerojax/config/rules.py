@@ -94,7 +94,6 @@ def _decay(cfg) -> None:
 
 
 def _relative_actions(cfg) -> None:
-    from zerojax.config.data import is_robot_data
     from zerojax.models import registry
 
     family, source = cfg.model.family, cfg.data.source
@@ -103,7 +102,7 @@ def _relative_actions(cfg) -> None:
     if not registry.is_policy(family):
         raise ConfigError(f"model.action.relative=true makes a policy's actions relative to the robot's state; "
                           f"model.family={family} is not a policy: set model.action.relative=false")
-    if not is_robot_data(source):
+    if not cfg.data.robot:
         raise ConfigError(f"model.action.relative=true subtracts a LeRobot dataset's state from its actions; "
                           f"data.source={source!r} is not one (data.source=lerobot:DIR or mixture)")
 

@@ -273,3 +273,32 @@ def check_tables(ds: Dataset, info: dict, names: dict) -> None:
     unknown = sorted(set(ds.task.tolist()) - set(ds.tasks))
     if unknown:
         raise ConfigError(f"{ds.root / names['tasks']}: no task with task_index {unknown[0]} (the frames use it)")
+
+
+CODEBASE_VERSIONS = ("v2.1", "v3.0")  # the codebase versions zerojax reads (LeRobot 0.3 writes v2.1, 0.4+ v3.0)
+INFO_KEYS = ("fps", "features", "data_path")  # what the reader takes from info.json (video_path: with a video)
+
+
+def read_info(root: Path) -> dict:
+    """meta/info.json, checked: a LeRobot dataset of a codebase version zerojax reads."""
+    path = root / "meta" / "info.json"
+    if not path.is_file():
+        what = ("a file, not a directory" if root.is_file() else "no such directory" if not root.is_dir() else
+                "no meta/info.json in it")
+        raise ConfigError(f"data.source=lerobot:{root}: {what}; a LeRobot dataset directory holds meta/info.json")
+    info = read_json(path, "a LeRobot dataset's info.json")
+    version = info.get("codebase_version") if isinstance(info, dict) else None
+    if version not in CODEBASE_VERSIONS:
+        raise ConfigError(f"{path}: codebase_version {version!r} is not supported; zerojax reads "
+                          f"{', '.join(CODEBASE_VERSIONS)} (LeRobot 0.3's and 0.4's formats; LeRobot 0.3's "
+                          "lerobot.datasets.v21.convert_dataset_v20_to_v21 converts v2.0)")
+    videos = any(isinstance(f, dict) and f.get("dtype") == "video" for f in (info.get("features") or {}).values())
+    needed = (*INFO_KEYS, *(("chunks_size",) if version == "v2.1" else ()), *(("video_path",) if videos else ()))
+    missing = [key for key in needed if key not in info]
+    if missing:
+        raise ConfigError(f"{path}: no {', '.join(map(repr, missing))}, which a LeRobot {version} info.json holds "
+                          f"({', '.join(needed)}); is the file complete?")
+    if not isinstance(info["features"], dict) or not isinstance(info["fps"], (int, float)) or info["fps"] <= 0:
+        raise ConfigError(f"{path}: 'features' must be a map of features and 'fps' a number > 0; got "
+                          f"{type(info['features']).__name__} and {info['fps']!r}")
+    return info

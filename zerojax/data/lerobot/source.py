@@ -55,6 +55,8 @@ from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
 
 VERSIONS = {"v2.1": v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
+assert tuple(VERSIONS) == meta.CODEBASE_VERSIONS
+read_info = meta.read_info  # meta/info.json, checked (meta.read_info)
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
 # NormalizerProcessorStep's default eps, used as LeRobot (0.4 to 0.6.1) uses it: mean_std divides by std + eps;
 # min_max, quantiles (q01/q99) and quantile10 (q10/q90) put eps in place of a denominator that is exactly 0
@@ -67,32 +69,6 @@ def root_of(cfg) -> Path:
     return Path(cfg.data.source[len("lerobot:"):])
 
 
-def read_info(root: Path) -> dict:
-    """meta/info.json, checked: a LeRobot dataset of a codebase version zerojax reads."""
-    path = root / "meta" / "info.json"
-    if not path.is_file():
-        what = ("a file, not a directory" if root.is_file() else "no such directory" if not root.is_dir() else
-                "no meta/info.json in it")
-        raise ConfigError(f"data.source=lerobot:{root}: {what}; a LeRobot dataset directory holds meta/info.json")
-    info = meta.read_json(path, "a LeRobot dataset's info.json")
-    version = info.get("codebase_version") if isinstance(info, dict) else None
-    if version not in VERSIONS:
-        raise ConfigError(f"{path}: codebase_version {version!r} is not supported; zerojax reads "
-                          f"{', '.join(VERSIONS)} (LeRobot 0.3's and 0.4's formats; LeRobot 0.3's "
-                          "lerobot.datasets.v21.convert_dataset_v20_to_v21 converts v2.0)")
-    videos = any(isinstance(f, dict) and f.get("dtype") == "video" for f in (info.get("features") or {}).values())
-    needed = (*INFO_KEYS, *(("chunks_size",) if version == "v2.1" else ()), *(("video_path",) if videos else ()))
-    missing = [key for key in needed if key not in info]
-    if missing:
-        raise ConfigError(f"{path}: no {', '.join(map(repr, missing))}, which a LeRobot {version} info.json holds "
-                          f"({', '.join(needed)}); is the file complete?")
-    if not isinstance(info["features"], dict) or not isinstance(info["fps"], (int, float)) or info["fps"] <= 0:
-        raise ConfigError(f"{path}: 'features' must be a map of features and 'fps' a number > 0; got "
-                          f"{type(info['features']).__name__} and {info['fps']!r}")
-    return info
-
-
-INFO_KEYS = ("fps", "features", "data_path")  # what the reader takes from info.json (video_path: with a video)
 
 
 def cameras_of(cfg, info: dict) -> list[str]:
@@ -164,12 +140,12 @@ def check_normalized_range(dataset, norms: dict, relative_actions: bool = False)
         ends = normalize(np.stack([lo, hi]).astype(np.float32), dataset.stats[key], mode)
         worst = int(np.argmax(np.abs(ends).max(0)))
         if np.abs(ends[:, worst]).max() > NORMALIZED_LIMIT:
-            lo, hi = NormalizationMode.of_config(mode).stats
+            low, high = NormalizationMode.of_config(mode).stats
             setting = f"data.norm_{'state' if key == STATE else 'action'}"
             raise ConfigError(
                 f"{dataset.root / 'meta' / 'stats.json'}: {key}[{worst}] spans [{lo[worst]:.4g}, "
-                f"{hi[worst]:.4g}] but its {lo} and {hi} are {dataset.stats[key][lo][worst]:.4g} and "
-                f"{dataset.stats[key][hi][worst]:.4g}: {setting}={mode} would map it to "
+                f"{hi[worst]:.4g}] but its {low} and {high} are {dataset.stats[key][low][worst]:.4g} and "
+                f"{dataset.stats[key][high][worst]:.4g}: {setting}={mode} would map it to "
                 f"[{ends[0, worst]:.3g}, {ends[1, worst]:.3g}] (LeRobot's per-episode quantiles collapse on a "
                 f"feature constant within each episode); set {setting}=mean_std or min_max")
 

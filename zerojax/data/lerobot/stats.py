@@ -259,10 +259,7 @@ def compute_local(root: Path, process_index: int = 0, process_count: int = 1,
                   relative: Relative | None = None) -> list[tuple[int, dict]]:
     """[(episode index, {feature: statistics})] of this process's episodes, its data files read once
     each; the action's of relative actions where `relative` says so."""
-
-    from zerojax.data.lerobot.source import read_info
-
-    info = read_info(root)
+    info = meta.read_info(root)
     if info.get("codebase_version") != "v3.0":
         raise ConfigError(f"{root}: codebase_version {info.get('codebase_version')!r}; zerojax stats reads "
                           "LeRobot v3.0 datasets (LeRobot 0.4 and later)")
