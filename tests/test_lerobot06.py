@@ -85,10 +85,10 @@ def test_a_lerobot06_pi05_is_served_with_its_quantiles_and_the_state_in_its_prom
 
     served = loaders.load(FIXTURE / "pi05", num_steps=10, tokenizer=str(FIXTURE / "tokenizer" / "tokenizer.json"),
                              vision_heads=2)
-    assert "(LeRobot 0.6 pi05 checkpoint)" in served.where and served.norms["action"]["mode"] == "quantiles"
+    assert "(LeRobot 0.6 pi05 checkpoint)" in served.where and served.observations.norms["action"]["mode"] == "quantiles"
     rng = np.random.default_rng(0)
     obs = {"observation.state": rng.standard_normal(served.state_dim), "prompt": "pick up the cube",
-           **{c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras}}
+           **{c: rng.integers(0, 256, served.observations.features[c]["shape"], dtype=np.uint8) for c in served.cameras}}
     batch = served.batch(obs)
     assert "state" not in batch  # π0.5 reads it from the prompt's tokens
     actions = served.infer(obs, 0)["actions"]

@@ -133,7 +133,7 @@ def lerobot_pi0():
 def robot_observation(served, seed=0):
     rng = np.random.default_rng(seed)
     obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
-    obs.update({c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
+    obs.update({c: rng.integers(0, 256, served.observations.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
     return obs
 
 

@@ -37,7 +37,7 @@ KINDS = {"none": {}, "inference-time RTC (LeRobot's)": {}, "inference-time RTC (
 
 def observation(served, rng) -> dict:
     obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick up the cube"}
-    obs.update({c: rng.integers(0, 256, served.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
+    obs.update({c: rng.integers(0, 256, served.observations.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
     return obs
 
 

@@ -66,7 +66,7 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
         noise = np.random.default_rng(0).standard_normal((len(INDICES), *served.adapter.chunk(served.model_keys)))
         noise = noise.astype(np.float32)
         sampled = np.asarray(served.model.sample_actions(batch, noise, 10), np.float32)
-        norm = served.norms[ACTION]
+        norm = served.observations.norms[ACTION]
         found[name] = {"actions": sampled, "raw_actions": lerobot.unnormalize(sampled[..., :served.action_dim], norm,
                                                                               norm["mode"]),
                        "tokens": batch["tokens"], "token_mask": batch["token_mask"]}

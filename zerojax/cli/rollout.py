@@ -107,7 +107,7 @@ def _policy(args):
         raise UsageError(f"--delay {args.delay} with --rtc: the run was trained to be given at most "
                          f"{served.train_delay} actions (model.action.train_delay={served.train_delay}); "
                          f"give --delay from 0 to {served.train_delay}")
-    size = metaworld.check_features(served.features, served.where)
+    size = metaworld.check_features(served.observations.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay
     if args.delay > n_action_steps:
         raise UsageError(f"--delay {args.delay} is more than --n-action-steps {n_action_steps}: the robot would run "

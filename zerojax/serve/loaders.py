@@ -16,10 +16,13 @@ from pathlib import Path
 
 from zerojax.checkpoints import format as checkpoints
 from zerojax.data import corpus
+from zerojax.data.lerobot.relative import RECORD as RELATIVE
 from zerojax.data.mixture import RUN_FILE as MIXTURE_FILE
 from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import CAMERA, POLICY
+from zerojax.serve.mixture import Datasets
+from zerojax.serve.observation import Observations
 from zerojax.serve.policy import ServedPolicy
 
 
@@ -112,11 +115,12 @@ def _served(where: str, model, doc: dict, tokenizer, saved: dict, num_steps: int
     a mixture run's with its mixture.json (each request names its dataset: serve/mixture.py)."""
     if "datasets" in doc:
         records = [d["lerobot.json"] for d in doc["datasets"]]  # the image size and prompt length are the run's
-        return ServedPolicy(where, model, {}, {}, tokenizer, max(r["image_size"] for r in records),
-                            records[0]["prompt_len"], saved["model"], num_steps, seed, mixture=doc)
-    return ServedPolicy(where, model, doc["features"], doc["normalization"], tokenizer, doc["image_size"],
-                        doc["prompt_len"], saved["model"], num_steps, seed, fps=doc.get("fps", 0.0),
-                        relative=doc.get("relative_actions"))  # data.lerobot.relative.RECORD
+        seen = Datasets(doc, tokenizer, max(r["image_size"] for r in records), records[0]["prompt_len"],
+                        saved["model"])
+        return ServedPolicy(where, model, seen, num_steps, seed)
+    seen = Observations(doc["features"], doc["normalization"], tokenizer, doc["image_size"], doc["prompt_len"],
+                        saved["model"], relative=doc.get(RELATIVE))
+    return ServedPolicy(where, model, seen, num_steps, seed, fps=doc.get("fps", 0.0))
 
 
 def check_family(saved: dict, where: str) -> None:
@@ -164,7 +168,7 @@ def lerobot_policy(directory: Path, step, num_steps: int, seed: int, tokenizer: 
     cameras = [k for k in found.features if k.startswith(CAMERA)]
     if len(cameras) > cfg.action.cameras:
         raise ConfigError(f"{where}: {len(cameras)} cameras in config.json but the model takes {cfg.action.cameras}")
-    return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model,
-                        found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
-                        dataclasses.asdict(cfg), num_steps, seed, pad_before=found.pad_before, fps=found.fps,
-                        relative=found.relative)
+    seen = Observations(found.features, found.norms, tok, found.image_size, found.prompt_len or cfg.action.prompt_len,
+                        dataclasses.asdict(cfg), pad_before=found.pad_before, relative=found.relative)
+    return ServedPolicy(f"{where} (LeRobot {found.version} {found.config['type']} checkpoint)", model, seen,
+                        num_steps, seed, fps=found.fps)

@@ -47,6 +47,7 @@ class Datasets:
     def __init__(self, doc: dict, tokenizer, image_size: int, prompt_len: int, model_keys: dict,
                  pad_before: bool = False):
         records = [d["lerobot.json"] for d in doc["datasets"]]
+        self.model_keys = model_keys
         self.roots = [d["dataset"] for d in doc["datasets"]]
         self.fps = [r.get("fps", 0.0) for r in records]
         slots = tuple(doc["camera_slots"])

@@ -46,36 +46,22 @@ class ServedPolicy:
 
     where: str  # "RUN_DIR (step N)"
     model: object  # the loaded policy, one device, fp32
-    features: dict  # lerobot.json's features: the state, the cameras, the action
-    norms: dict  # lerobot.json's normalization: feature -> {"mode", statistics}
-    tokenizer: object  # tokenizers.Tokenizer, or None (bytes)
-    image_size: int
-    prompt_len: int
-    model_keys: dict  # the run's model section (model.family and the family's keys), as saved
+    # what reads its observations and writes its actions: a run's `Observations` (lerobot.json's
+    # features and statistics, the tokenizer, the model's keys), or a mixture run's `Datasets`
+    # (serve/mixture.py: a request names its dataset)
+    observations: Observations | Datasets
     num_steps: int
     seed: int
     fps: float = 0.0
-    # top-left image padding (lerobot.frames.resize_with_pad): a LeRobot 0.3.x π0 checkpoint's, or the family's
-    pad_before: bool = False
     compile_s: float = 0.0  # the first call (compiling sample_actions)
     call_ms: float = 0.0  # a call after it
     max_batch: int = 1  # observations sampled in one call at most (`infer_rows`; 1: one at a time, as openpi)
     rtc_horizon: int = 10  # real-time chunking's execution horizon (LeRobot's execution_horizon)
     rtc_jacobian: bool = False  # the paper's correction through the denoiser, not LeRobot's (models/vla/rtc.py)
-    relative: dict | None = None  # lerobot.json's relative_actions: the actions are the state's offsets
-    # a mixture run's mixture.json (its datasets' features and statistics, the camera slots, each one's
-    # relative_actions): a request names its dataset (serve/mixture.py); `features`, `norms` and
-    # `relative` are then unused
-    mixture: dict | None = None
 
     def __post_init__(self):
-        if self.mixture:
-            self.observations = Datasets(self.mixture, self.tokenizer, self.image_size, self.prompt_len,
-                                         self.model_keys, self.pad_before)
-        else:
-            self.observations = Observations(self.features, self.norms, self.tokenizer, self.image_size,
-                                             self.prompt_len, self.model_keys, self.pad_before, self.relative)
         seen = self.observations
+        self.model_keys, self.relative, self.mixture = seen.model_keys, seen.relative, isinstance(seen, Datasets)
         self.cameras, self.state_dim, self.action_dim = seen.cameras, seen.state_dim, seen.action_dim
         self.adapter, self.pad_before, self.horizon = seen.adapter, seen.pad_before, seen.horizon
         graphdef, self.params = nnx.split(self.model)
