@@ -75,7 +75,7 @@ def test_the_export_served_from_root_without_flags_answers_as_the_run(exported):
     rng = np.random.default_rng(0)
     for request in range(2):
         obs = {"observation.state": rng.standard_normal(from_run.state_dim), "prompt": "pick up the cube",
-               **{c: rng.integers(0, 256, from_run.features[c]["shape"], dtype=np.uint8) for c in from_run.cameras}}
+               **{c: rng.integers(0, 256, from_run.observations.features[c]["shape"], dtype=np.uint8) for c in from_run.cameras}}
         np.testing.assert_allclose(from_export.infer(obs, request)["actions"], from_run.infer(obs, request)["actions"],
                                    atol=1e-5)
 
@@ -88,7 +88,7 @@ def test_the_export_keeps_the_datasets_fps_and_names(exported):
     meta = from_export.metadata()
     assert (meta["fps"], meta["action_names"]) == (info["fps"], info["features"]["action"]["names"]) == \
         (from_run.metadata()["fps"], from_run.metadata()["action_names"])
-    assert from_export.features["observation.state"]["names"] == info["features"]["observation.state"]["names"]
+    assert from_export.observations.features["observation.state"]["names"] == info["features"]["observation.state"]["names"]
 
 
 def test_every_file_the_export_writes_is_readable_as_the_runs_are(exported):

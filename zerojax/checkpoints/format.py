@@ -1,9 +1,9 @@
 """What a checkpoint format declares (the package's docstring), and the registry of them.
 
     FORMAT = CheckpointFormat(
-        name="lerobot",                    # `zerojax export --format NAME`; what `init_source` answers
+        name="lerobot",                    # `zerojax export --format NAME`; what `detect` answers
         what="a LeRobot policy directory",  # for messages: what its files are
-        detect=is_lerobot_dir,             # Path -> bool, from the files alone (no jax)
+        detect=detect,                     # Path -> bool, from the files alone (no jax)
         model_keys="zerojax.config.hf_config:lerobot_model_keys",  # (directory, given) -> model.* keys
         run_keys="zerojax.config.policy_keys:lerobot_keys",        # (directory) -> the run keys it sets
         read="zerojax.interop.lerobot:read_checkpoint",            # (init_from, plan, family, stacked)
@@ -126,6 +126,16 @@ def detect(path, key: str = "model.init_from") -> CheckpointFormat:
     raise ConfigError(f"{key}={str(path)!r} is a directory without config.json; give one of: {listed}")
 
 
+def start(path, key: str = "model.init_from") -> CheckpointFormat:
+    """The format of the checkpoint `key` starts a model from (`detect`), which must hold a model
+    to read (its `read`; ConfigError naming what it is where it holds none: a PEFT directory)."""
+    record = detect(path, key)
+    if not record.read:
+        raise ConfigError(f"{key}={str(path)!r} is {record.what}, which holds no model to start from; give a "
+                          "model's checkpoint")
+    return record
+
+
 def recognise(path: Path) -> CheckpointFormat | None:
     """The first registered format whose files `path` holds, or None."""
     return next((record for record in formats() if record.detect(Path(path))), None)
@@ -150,4 +160,6 @@ def is_lerobot(config: dict) -> bool:
 def config_json(directory: Path) -> dict | None:
     """A directory's config.json as a JSON object, or None where there is none."""
     path = Path(directory) / "config.json"
-    return json_object(path, "a Hugging Face or LeRobot config") if Path(directory).is_dir() and path.is_file() else None
+    if not (Path(directory).is_dir() and path.is_file()):
+        return None
+    return json_object(path, "a Hugging Face or LeRobot config")

@@ -49,19 +49,9 @@ def _coerced(prefix: str, values: dict, cls: type) -> dict:
     return out
 
 
-# what model.init_from can name: the checkpoint formats' names (`zerojax.checkpoints`)
-LEROBOT, HUGGING_FACE, EXPORT, OPENPI = "lerobot", "hf", "safetensors", "openpi"
 # beside a zerojax export's config.json: what LeRobot's config.json has no field for (the model
 # keys no tensor's shape holds, the dataset's fps and feature names; `interop.lerobot_export.save`)
 ZEROJAX_FILE = "zerojax.json"
-
-
-def init_source(init_from) -> str:
-    """The checkpoint format of what `model.init_from` names (`zerojax.checkpoints`: a LeRobot
-    policy directory, an openpi checkpoint directory, a Hugging Face model directory, a zerojax
-    export file, ...), from its files alone; ConfigError if there is nothing there, or nothing
-    zerojax reads. Its files are read and checked by the format's reader."""
-    return checkpoints.detect(init_from).name
 
 
 def safetensors_header(path: Path) -> tuple[dict, int]:
@@ -175,11 +165,8 @@ def hf_model_keys(directory: str, given: dict | None = None) -> dict:
     an openpi tree's shapes); ConfigError if it cannot be read, describes a model zerojax does not
     have, or holds no model (a PEFT adapter directory). `given`: the model keys the user set, which
     a LeRobot or openpi checkpoint may need (`lerobot_model_keys`)."""
-    record = checkpoints.detect(directory)
-    if not record.model_keys:
-        raise ConfigError(f"model.init_from={str(directory)!r} is {record.what}, which holds no model to start "
-                          "from; give a model's checkpoint")
-    return checkpoints.call(record.model_keys, directory, given or {})
+    record = checkpoints.start(directory)
+    return checkpoints.call(record.model_keys, directory, given or {}) if record.model_keys else {}
 
 
 def hf_dir_model_keys(directory: str, given: dict) -> dict:

@@ -45,6 +45,7 @@ import os
 import numpy as np
 
 from zerojax.data import idle as idle_lib
+from zerojax.data.lerobot import meta
 from zerojax.data.lerobot import source as lerobot
 from zerojax.errors import ConfigError
 from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
@@ -65,7 +66,7 @@ def members(cfg) -> list[tuple[str, float, dict]]:
     out = []
     for root, weight in cfg.data.mixture:
         try:
-            out.append((root, weight, lerobot.read_info(lerobot.root_of(member_cfg(cfg, root)))))
+            out.append((root, weight, meta.read_info(lerobot.root_of(member_cfg(cfg, root)))))
         except ConfigError as err:  # the reader names data.source=lerobot:ROOT; say which key gave it
             raise ConfigError(f"data.mixture's dataset {root}: {err}") from None
     return out

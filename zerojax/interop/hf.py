@@ -127,11 +127,7 @@ def init_checkpoint(init_from: str, plan: plan_lib.Plan, family: str, stacked: t
     (`zerojax.checkpoints`: a Hugging Face directory, a LeRobot policy directory, an openpi
     checkpoint, a zerojax export file, ...), checked against the plan from the files' headers
     alone (ConfigError if anything is missing or misshapen, or the format holds no model)."""
-    record = checkpoints.detect(init_from)
-    if not record.read:
-        raise ConfigError(f"model.init_from={init_from!r} is {record.what}, which holds no model to start from; give "
-                          "a model's checkpoint")
-    return checkpoints.call(record.read, init_from, plan, family, stacked)
+    return checkpoints.call(checkpoints.start(init_from).read, init_from, plan, family, stacked)
 
 
 def read_hf(init_from: str, plan: plan_lib.Plan, family: str, stacked: tuple[str, ...]):

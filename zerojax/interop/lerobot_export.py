@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from zerojax.config import read_json_object
-from zerojax.config.hf_config import LEROBOT, ZEROJAX_FILE, init_source
+from zerojax.checkpoints import lerobot as lerobot_format
+from zerojax.config.hf_config import ZEROJAX_FILE
 from zerojax.config.normalization import V03_MODES, NormalizationMode
 from zerojax.data import corpus, mixture
 from zerojax.data.lerobot.relative import RECORD as RELATIVE
@@ -224,8 +225,8 @@ def _kept_processors(run_dir: Path) -> dict:
 def _unused_tensors(init_from: str, written: set) -> dict:
     """name -> shape of the tensors of the LeRobot checkpoint the run started from that the
     export writes no other way (not the model's, not statistics): {} if it is not there."""
-    if (not init_from or not Path(init_from).exists() or init_source(init_from) != LEROBOT
-            or not (Path(init_from) / "model.safetensors").is_file()):
+    start = Path(init_from) if init_from else None
+    if start is None or not lerobot_format.detect(start) or not (start / "model.safetensors").is_file():
         return {}
     shapes = Checkpoint([Path(init_from) / "model.safetensors"], init_from).shapes
     stats = tuple(f"{module}." for module, _ in BUFFERS)

@@ -18,7 +18,8 @@ The package names the source's entry points and the normalization both ways; the
 `zerojax.data.lerobot.NAME` (`from zerojax.data.lerobot import frames, stats`).
 """
 
-from zerojax.data.lerobot.source import (VERSIONS, LeRobotSource, normalize, observation, open, read_info, spec,
+from zerojax.data.lerobot.meta import read_info
+from zerojax.data.lerobot.source import (VERSIONS, LeRobotSource, normalize, observation, open, spec,
                                          unnormalize)
 
 __all__ = ["VERSIONS", "LeRobotSource", "normalize", "observation", "open", "read_info", "spec", "unnormalize"]

@@ -54,9 +54,8 @@ from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import ACTION, CAMERA, STATE, TASK, Field
 
-VERSIONS = {"v2.1": v21.read_tables, "v3.0": meta.read_tables}  # codebase version -> its metadata's reader
-assert tuple(VERSIONS) == meta.CODEBASE_VERSIONS
-read_info = meta.read_info  # meta/info.json, checked (meta.read_info)
+# codebase version (meta.CODEBASE_VERSIONS, which read_info accepts) -> its metadata's reader
+VERSIONS = dict(zip(meta.CODEBASE_VERSIONS, (v21.read_tables, meta.read_tables)))
 # (LeRobot 0.3 writes v2.1, LeRobot 0.4 v3.0; the frames' Parquet columns are the same)
 # NormalizerProcessorStep's default eps, used as LeRobot (0.4 to 0.6.1) uses it: mean_std divides by std + eps;
 # min_max, quantiles (q01/q99) and quantile10 (q10/q90) put eps in place of a denominator that is exactly 0
@@ -90,7 +89,7 @@ def cameras_of(cfg, info: dict) -> list[str]:
 
 def spec(cfg) -> dict:
     """The batch of the dataset's own features (module docstring), from meta/info.json alone."""
-    info = read_info(root_of(cfg))
+    info = meta.read_info(root_of(cfg))
     features = info["features"]
     d, B = cfg.data, cfg.train.global_batch
     width = lambda key: int(np.prod(features[key]["shape"]))  # noqa: E731
@@ -104,7 +103,7 @@ def spec(cfg) -> dict:
 
 def open(cfg) -> "LeRobotSource":  # noqa: A001 - the kind module's protocol name
     root = root_of(cfg)
-    info = read_info(root)
+    info = meta.read_info(root)
     cameras = cameras_of(cfg, info)
     d = cfg.data
     norms = {STATE: d.norm_state, ACTION: d.norm_action}
