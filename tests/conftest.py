@@ -109,3 +109,13 @@ def one_error_line(argv, capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("zerojax: error: "), (code, err)
     return err[0]
+
+
+def robot_observation(served, seed=0):
+    """A robot's observation for a served policy: a random state and a random uint8 frame of each
+    camera it reads, in the shapes of its dataset's features, and the prompt "pick"."""
+    rng = np.random.default_rng(seed)
+    obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
+    features = served.observations.features
+    obs.update({c: rng.integers(0, 256, features[c]["shape"], dtype=np.uint8) for c in served.cameras})
+    return obs

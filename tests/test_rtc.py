@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import robot_observation
 from zerojax.models.vla import rtc
 
 REF = dict(np.load(Path(__file__).parent / "fixtures" / "rtc" / "lerobot_rtc.npz"))
@@ -128,13 +129,6 @@ def lerobot_pi0():
 
     lerobot = Path(__file__).parent / "fixtures" / "lerobot"
     return loaders.load(lerobot / "pi0", num_steps=10, tokenizer=str(lerobot / "pi0_tokenizer.json"), vision_heads=2)
-
-
-def robot_observation(served, seed=0):
-    rng = np.random.default_rng(seed)
-    obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
-    obs.update({c: rng.integers(0, 256, served.observations.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
-    return obs
 
 
 def test_a_request_with_committed_actions_gets_a_chunk_that_keeps_them(lerobot_pi0):

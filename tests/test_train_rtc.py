@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import pi0_source
-from conftest import run
+from conftest import robot_observation, run
 from zerojax import config
 from zerojax.models import protocol, registry
 from zerojax.models.vla import batch as vla_batch
@@ -132,13 +132,6 @@ def served_trained(tmp_path_factory):
     policy = out.parent / "policy.safetensors"
     assert cli.main(["export", str(out), "--out", str(policy)]) == 0
     return loaders.load(policy, num_steps=3)  # an export says how its run was trained (its config)
-
-
-def robot_observation(served, seed=0):
-    rng = np.random.default_rng(seed)
-    obs = {"observation.state": rng.standard_normal(served.state_dim).astype(np.float32), "prompt": "pick"}
-    obs.update({c: rng.integers(0, 256, served.observations.features[c]["shape"], dtype=np.uint8) for c in served.cameras})
-    return obs
 
 
 def test_a_trained_run_keeps_the_given_actions_and_refuses_a_longer_delay(served_trained):
