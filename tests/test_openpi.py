@@ -260,6 +260,29 @@ def test_a_hand_written_tree_lands_where_openpi_uses_each_element(family, tmp_pa
     assert stats["observation.state"]["q99"].tolist() == [1.0] * ST and set(stats["action"]) == {"mean", "std"}
 
 
+@pytest.mark.parametrize("family, norm", [("pi0", "mean_std"), ("pi05", "quantiles")])
+def test_an_openpi_checkpoint_sets_openpis_recipe_and_the_users_keys_win(family, norm, tmp_path):
+    """model.init_from of an openpi checkpoint: the model type's normalization (quantiles for π0.5,
+    mean and std for π0), openpi's fine-tuning recipe (TrainConfig's AdamW, CosineDecaySchedule
+    and ema_decay) and, for π0.5, its 200 prompt tokens; each said to come from the checkpoint,
+    and a key the user sets wins."""
+    from zerojax import config
+
+    write_tree(tmp_path / "ckpt", family)
+    source = [f"model.init_from={tmp_path / 'ckpt'}", f"data.source=lerobot:{DATASET}"]
+    cfg, origins = config.load_with_origins(overrides=source)
+    o, d = cfg.optim, cfg.data
+    assert (d.norm_state, d.norm_action) == (norm, norm)
+    assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (2.5e-5, 0.9, 0.95, 1e-8, 1e-10, 1.0)
+    assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr, o.ema) == ("cosine", 1000, 30000, 2.5e-6, 0.99)
+    assert cfg.model.action.prompt_len == d.prompt_len == (200 if family == "pi05" else 48)
+    assert {origins[k] for k in ("data.norm_state", "data.norm_action", "optim.lr", "optim.ema")} == {"checkpoint"}
+    cfg, origins = config.load_with_origins(overrides=[*source, "optim.lr=1e-4", "data.norm_action=min_max",
+                                                       "model.action.prompt_len=64"])
+    assert (cfg.optim.lr, cfg.data.norm_action, cfg.data.norm_state) == (1e-4, "min_max", norm)
+    assert cfg.model.action.prompt_len == 64 and origins["optim.lr"] == origins["data.norm_action"] == "config"
+
+
 @pytest.fixture(scope="module")
 def hand_written(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tree") / "pi0_ckpt"

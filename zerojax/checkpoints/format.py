@@ -5,7 +5,7 @@
         what="a LeRobot policy directory",  # for messages: what its files are
         detect=detect,                     # Path -> bool, from the files alone (no jax)
         model_keys="zerojax.config.hf_config:lerobot_model_keys",  # (directory, given) -> model.* keys
-        run_keys="zerojax.config.policy_keys:lerobot_keys",        # (directory) -> the run keys it sets
+        run_keys="zerojax.config.policy_keys:lerobot_keys",        # (directory, model keys) -> run keys it sets
         read="zerojax.interop.lerobot:read_checkpoint",            # (init_from, plan, family, stacked)
         keep="zerojax.interop.lerobot:init_files",                 # (init_from) -> files the run keeps
         write="zerojax.interop.lerobot_export:write",              # (ExportJob) -> (bytes, tensors)

@@ -18,5 +18,6 @@ def detect(path: Path) -> bool:
 
 FORMAT = CheckpointFormat(
     name="openpi", what="an openpi checkpoint directory (params/ and assets/)", detect=detect,
-    model_keys="zerojax.config.hf_config:openpi_model_keys", read="zerojax.interop.openpi:read_checkpoint",
+    model_keys="zerojax.config.hf_config:openpi_model_keys", run_keys="zerojax.config.policy_keys:openpi_keys",
+    read="zerojax.interop.openpi:read_checkpoint",
     keep="zerojax.interop.openpi:init_files", write="zerojax.interop.openpi:write", adapters=MERGED)

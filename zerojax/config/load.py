@@ -166,7 +166,8 @@ def load_with_origins(path: str | Path | None = None, overrides: list[str] = ())
     policy_keys.policy_shapes(tree, origins, given, from_dir)
     record = checkpoints.detect(from_dir) if from_dir else None
     if record and record.run_keys:  # what the checkpoint sets beyond the model (a LeRobot policy's recipe)
-        policy_keys.carry(tree, origins, checkpoints.call(record.run_keys, from_dir), f"model.init_from={from_dir}")
+        keys = checkpoints.call(record.run_keys, from_dir, tree.get("model", {}))
+        policy_keys.carry(tree, origins, keys, f"model.init_from={from_dir}")
     policy_keys.reported(tree, origins)
     return _build(tree), origins
 

@@ -4,6 +4,10 @@ applied by `load` to the tree of the keys the user set, before the Config is bui
     shapes     a policy family's data.action_horizon, data.image_size and data.prompt_len are
                its model's (model.action.horizon, model.vision.image_size,
                model.action.prompt_len); the user's own value must agree with the model's
+    openpi     model.init_from of an openpi checkpoint sets what openpi's model type and its
+               TrainConfig imply (the family's `OpenpiLayout.run_keys`): the normalization
+               (quantiles for π0.5, mean and std for π0) and the fine-tuning recipe (AdamW, lr
+               2.5e-5 with 1,000 warmup steps and a cosine decay over 30,000 to 2.5e-6, EMA 0.99)
     LeRobot    model.init_from of a LeRobot policy directory sets what its files know: the
                normalization (config.json's normalization_mapping), the tokenizer its
                processors name (where it is a local directory) and its optimizer preset
@@ -74,7 +78,7 @@ def policy_shapes(tree: dict, origins: dict, given: dict, init_from: str = "") -
         origins[f"data.{data_key}"] = origin
 
 
-def lerobot_keys(directory: str) -> dict:
+def lerobot_keys(directory: str, model: dict | None = None) -> dict:
     """The run keys ("data.norm_state": "quantiles", ...) a LeRobot policy directory's files know:
     normalization_mapping's STATE and ACTION modes, the tokenizer its processors (or its family's
     layout) name where it is a local directory, config.json's optimizer and scheduler preset, and
@@ -103,6 +107,13 @@ def lerobot_keys(directory: str) -> dict:
         if checkpoint["use_relative_actions"]:
             out[EXCLUDE] = list(checkpoint.get("relative_exclude_joints") or [])
     return out
+
+
+def openpi_keys(directory: str, model: dict) -> dict:
+    """The run keys an openpi checkpoint implies (`model`: the model keys read from its tree, which
+    name its family): openpi's normalization for that model type and its fine-tuning recipe, as
+    the family's `OpenpiLayout.run_keys` declares them (no file of the checkpoint records them)."""
+    return dict(registry.openpi_layouts()[model["family"]].run_keys)
 
 
 def named_tokenizer(directory, config: dict) -> str | None:

@@ -141,6 +141,9 @@ class OpenpiLayout:
     # (openpi path -> shape, the tree's path, the model keys the user gave) -> model.* keys; ConfigError if none
     model_keys: Callable[[dict, str, dict], dict]
     rules: Callable[[dict], list]  # a model section (dict) -> its `Rule`s, every parameter in exactly one
+    # the run keys ("data.norm_state": "quantiles", "optim.lr": 2.5e-5, ...) openpi's model type and its
+    # TrainConfig imply, which a fine-tune from such a checkpoint takes where the user sets none
+    run_keys: dict = field(default_factory=dict)
 
 
 def at_least(key: str, value: float, low: float) -> None:

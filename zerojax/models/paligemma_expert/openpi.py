@@ -30,6 +30,13 @@ LLM, IMG = "PaliGemma/llm/", "PaliGemma/img/"
 LAYERS, BLOCK = LLM + "layers/", IMG + "Transformer/encoderblock/"
 
 
+# openpi's fine-tuning recipe, the same for π0 and π0.5 (openpi/training: `TrainConfig`'s defaults, its
+# `optimizer.AdamW` and `CosineDecaySchedule`, and `ema_decay`); the normalization is the model type's
+RECIPE = {"optim.lr": 2.5e-5, "optim.b1": 0.9, "optim.b2": 0.95, "optim.eps": 1e-8, "optim.weight_decay": 1e-10,
+          "optim.clip_norm": 1.0, "optim.schedule": "cosine", "optim.warmup_steps": 1_000, "optim.decay_steps": 30_000,
+          "optim.final_lr": 2.5e-6, "optim.ema": 0.99}
+
+
 def same(zerojax: str, openpi: str) -> Rule:
     """A leaf stored as it is."""
     return Rule((zerojax,), (openpi,), lambda xp, a: (a,), lambda xp, a: (a,))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from zerojax.errors import ConfigError
 from zerojax.models.family import OpenpiLayout, Rule
-from zerojax.models.paligemma_expert.openpi import LLM, linear, paligemma_keys, paligemma_rules, same, stream_rules
+from zerojax.models.paligemma_expert.openpi import (LLM, RECIPE, linear, paligemma_keys, paligemma_rules, same,
+                                                   stream_rules)
 
 HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
 
@@ -29,4 +30,7 @@ def openpi_model_keys(shapes: dict, where: str, given: dict) -> dict:
     return {"family": "pi0", **keys}
 
 
-OPENPI = OpenpiLayout(heads=("state_proj", "action_time_mlp_in"), model_keys=openpi_model_keys, rules=openpi_rules)
+# openpi's π0 normalizes the state and the actions by their mean and standard deviation (its data
+# config's use_quantile_norm is false for π0 alone)
+OPENPI = OpenpiLayout(heads=("state_proj", "action_time_mlp_in"), model_keys=openpi_model_keys, rules=openpi_rules,
+                      run_keys={**RECIPE, "data.norm_state": "mean_std", "data.norm_action": "mean_std"})

@@ -12,7 +12,8 @@ gate, as zerojax's `AdaRMSNorm` splits it); the heads are `action_in_proj`, `act
 from __future__ import annotations
 
 from zerojax.models.family import OpenpiLayout
-from zerojax.models.paligemma_expert.openpi import LAYERS, LLM, linear, paligemma_keys, paligemma_rules, stream_rules
+from zerojax.models.paligemma_expert.openpi import (LAYERS, LLM, RECIPE, linear, paligemma_keys, paligemma_rules,
+                                                   stream_rules)
 
 HEADS = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
 
@@ -26,10 +27,19 @@ def openpi_rules(model: dict) -> list:
             *[r for h in HEADS for r in linear(h)]]
 
 
+PROMPT_LEN = 200  # openpi's Pi0Config(pi05=True).max_token_len: the prompt holds the state's bins
+
+
 def openpi_model_keys(shapes: dict, where: str, given: dict) -> dict:
     """π0.5's model.* keys from an openpi tree's shapes: PaliGemma's (`paligemma_expert.openpi.paligemma_keys`).
-    The state's width is in no shape (it is in the prompt): the user's, or the default."""
-    return {"family": "pi05", **paligemma_keys(shapes, where)}
+    The state's width is in no shape (it is in the prompt): the user's, or the default. The prompt's
+    length is in no shape either: the user's, else openpi's for π0.5 (200 tokens)."""
+    keys = paligemma_keys(shapes, where)
+    keys["action"]["prompt_len"] = (given.get("action") or {}).get("prompt_len", PROMPT_LEN)
+    return {"family": "pi05", **keys}
 
 
-OPENPI = OpenpiLayout(heads=("time_mlp_in",), model_keys=openpi_model_keys, rules=openpi_rules)
+# openpi's π0.5 normalizes the state and the actions by their quantiles (its data config's
+# use_quantile_norm, true for every model type but π0)
+OPENPI = OpenpiLayout(heads=("time_mlp_in",), model_keys=openpi_model_keys, rules=openpi_rules,
+                      run_keys={**RECIPE, "data.norm_state": "quantiles", "data.norm_action": "quantiles"})
