@@ -177,5 +177,34 @@ def test_a_decay_on_a_constant_schedule_is_one_error_line(tmp_path, capsys):
 def test_the_start_line_names_what_a_policy_from_scratch_left_at_the_defaults():
     cfg, origins = config.load_with_origins(ROOT / "configs" / "pi05-metaworld-tiny.yaml")
     line = policy_keys.describe(origins, cfg)
-    assert "from the config: action_horizon=8 image_size=32 prompt_len=208 norm_state=min_max" in line, line
-    assert "defaults: tokenizer='' relative=False schedule=cosine decay_steps=0 final_lr=None clip_norm=1" in line, line
+    assert "from the config: action_horizon=8 image_size=32 prompt_len=208 lr=0.001" in line, line
+    assert "decay_steps=0 final_lr=None norm_state=min_max norm_action=min_max;" in line, line
+    assert "from the family's recipe: b1=0.9 b2=0.95 eps=1e-08 clip_norm=1 schedule=cosine;" in line, line
+    assert "defaults: tokenizer='' relative=False" in line, line
+
+
+@pytest.mark.parametrize("family, lr, decay, clip, norm", [("pi0", 2.5e-5, 0.01, 1.0, "mean_std"),
+                                                          ("pi05", 2.5e-5, 0.01, 1.0, "quantiles"),
+                                                          ("smolvla", 1e-4, 1e-10, 10.0, "mean_std")])
+def test_a_policy_from_scratch_takes_its_familys_recipe_not_the_tiny_gpts(family, lr, decay, clip, norm):
+    """No default of the tiny GPT's (lr 3e-3, weight decay 0.1, warmup 50) reaches a policy: where
+    neither the user nor a checkpoint sets them, its family's recipe (LeRobot 0.6.1's preset, as
+    the fixtures' config.json state it) does, and the start line says so; the user's key wins."""
+    cfg, origins = config.load_with_origins(overrides=[f"model.family={family}"])
+    o, d = cfg.optim, cfg.data
+    assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (lr, 0.9, 0.95, 1e-8, decay, clip)
+    assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr) == ("cosine", 1000, 30000, 2.5e-6)
+    assert (d.norm_state, d.norm_action) == (norm, norm)
+    assert origins["optim.lr"] == origins["data.norm_action"] == "family's recipe"
+    assert "from the family's recipe: lr=" in policy_keys.describe(origins, cfg)
+    cfg, origins = config.load_with_origins(overrides=[f"model.family={family}", "optim.lr=1e-3"])
+    assert cfg.optim.lr == 1e-3 and origins["optim.lr"] == "config"
+    preset = json.loads((ROOT / "tests" / "fixtures" / "lerobot06" / family / "config.json").read_text())
+    assert (preset["optimizer_lr"], preset["optimizer_weight_decay"], preset["optimizer_grad_clip_norm"],
+            preset["scheduler_warmup_steps"], preset["scheduler_decay_steps"], preset["scheduler_decay_lr"]) == \
+        (lr, decay, clip, 1000, 30000, 2.5e-6)  # LeRobot's own preset, as LeRobot 0.6.1 wrote it
+
+
+def test_a_language_model_keeps_its_own_defaults():
+    cfg, origins = config.load_with_origins(overrides=["model.family=llama"])
+    assert cfg.optim.lr == 3e-3 and origins == {}

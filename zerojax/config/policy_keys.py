@@ -33,7 +33,8 @@ from zerojax.errors import ConfigError
 from zerojax.models import registry
 from zerojax.models.family import local_file
 
-CHECKPOINT, CONFIG, DEFAULT = "checkpoint", "config", "default"  # where a setting came from
+# where a setting came from: the checkpoint, the user's config, the family's recipe (`Family.recipe`), a default
+CHECKPOINT, CONFIG, RECIPE, DEFAULT = "checkpoint", "config", "family's recipe", "default"
 # data.* shape key -> (the model's section, its key): the model owns the shape, the data follows
 SHAPES = {"action_horizon": ("action", "horizon"), "image_size": ("vision", "image_size"),
           "prompt_len": ("action", "prompt_len")}
@@ -135,9 +136,10 @@ def named_tokenizer(directory, config: dict) -> str | None:
     return layout.tokenizer(config, str(directory))
 
 
-def carry(tree: dict, origins: dict, keys: dict, where: str) -> None:
+def carry(tree: dict, origins: dict, keys: dict, where: str, origin: str = CHECKPOINT) -> None:
     """Each of `keys` into the tree where the user set none (the user's wins), parsed to its
-    field's type; `origins` records which came from the checkpoint and which the user kept."""
+    field's type; `origins` records which came from `origin` (the checkpoint, or the family's
+    recipe) and which the user kept."""
     schedule = (tree.get("optim") or {}).get("schedule")
     for key, value in keys.items():
         *sections, name = key.split(".")
@@ -152,7 +154,16 @@ def carry(tree: dict, origins: dict, keys: dict, where: str) -> None:
             continue  # the user turned relative actions off: the checkpoint's exclusions go with them
         else:
             node[name] = coerce(f"{key} (from {where})", value, _field_type(cls, name))
-            origins[key] = CHECKPOINT
+            origins[key] = origin
+
+
+def recipe(tree: dict, origins: dict) -> None:
+    """A policy family's recipe (`Family.recipe`) for the keys neither the user nor the checkpoint
+    set: no default of the tiny GPT's (lr 3e-3, weight decay 0.1, ...) reaches a policy."""
+    family = tree.get("model", {}).get("family", registry.DEFAULT)
+    if registry.is_policy(family):
+        keys = {k: v for k, v in registry.family(family).recipe.items() if k not in origins}
+        carry(tree, origins, keys, f"model.family={family}", RECIPE)
 
 
 def reported(tree: dict, origins: dict) -> None:
@@ -187,7 +198,7 @@ def describe(origins: dict, cfg) -> str:
         for part in key.split("."):
             value = getattr(value, part)
         groups.setdefault(origin, []).append(f"{key.rsplit('.', 1)[1]}={_short(value)}")
-    order, opt = (CHECKPOINT, CONFIG, DEFAULT), cfg.optim
+    order, opt = (CHECKPOINT, RECIPE, CONFIG, DEFAULT), cfg.optim
     line = "policy settings: " + "; ".join(f"from the {o}: {' '.join(groups[o])}" if o != DEFAULT else
                                            f"defaults: {' '.join(groups[o])}" for o in order if o in groups)
     if opt.decay_steps and scaled(opt.warmup_steps, opt.decay_steps, cfg.train.steps) != (opt.warmup_steps, opt.decay_steps):

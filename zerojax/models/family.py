@@ -199,6 +199,10 @@ class Family:
     lerobot: LeRobotLayout | None = None
     openpi: OpenpiLayout | None = None
     adapter: PolicyAdapter | None = None
+    # the run keys ("optim.lr": 2.5e-5, "data.norm_action": "quantiles", ...) a run of the family takes
+    # where neither the user nor its checkpoint sets them: its authors' recipe (a policy's: LeRobot's
+    # preset, `vla.lerobot.preset`), so that no default of the tiny GPT's reaches it
+    recipe: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -73,4 +73,4 @@ class Pi0(PaliGemmaWithExpert):
 
 
 FAMILY = Family(kind=POLICY, build=Pi0.build, check_config=check_config, lerobot=lerobot.LEROBOT,
-                openpi=openpi.OPENPI, adapter=vla_batch.ADAPTER)
+                openpi=openpi.OPENPI, adapter=vla_batch.ADAPTER, recipe=lerobot.RECIPE)

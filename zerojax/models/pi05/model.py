@@ -74,4 +74,4 @@ class Pi05(PaliGemmaWithExpert):
 
 
 FAMILY = Family(kind=POLICY, build=Pi05.build, check_config=check_config, lerobot=lerobot.LEROBOT,
-                openpi=openpi.OPENPI, adapter=batch.ADAPTER)
+                openpi=openpi.OPENPI, adapter=batch.ADAPTER, recipe=lerobot.RECIPE)

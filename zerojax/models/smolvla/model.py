@@ -172,4 +172,5 @@ def check_config(cfg) -> None:
 
 
 FAMILY = Family(kind=POLICY, build=build, check_config=check_config, lerobot=lerobot.LEROBOT,
-                adapter=dataclasses.replace(vla_batch.ADAPTER, pad_before=True))  # LeRobot's resize_with_pad
+                adapter=dataclasses.replace(vla_batch.ADAPTER, pad_before=True),  # LeRobot's resize_with_pad
+                recipe=lerobot.RECIPE)
