@@ -275,6 +275,7 @@ def test_an_openpi_checkpoint_sets_openpis_recipe_and_the_users_keys_win(family,
     assert (d.norm_state, d.norm_action) == (norm, norm)
     assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (2.5e-5, 0.9, 0.95, 1e-8, 1e-10, 1.0)
     assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr, o.ema) == ("cosine", 1000, 30000, 2.5e-6, 0.99)
+    assert o.decay_mask == "all"  # openpi's scripts/train.py: weight_decay_mask=None
     assert cfg.model.action.prompt_len == d.prompt_len == (200 if family == "pi05" else 48)
     assert {origins[k] for k in ("data.norm_state", "data.norm_action", "optim.lr", "optim.ema")} == {"checkpoint"}
     cfg, origins = config.load_with_origins(overrides=[*source, "optim.lr=1e-4", "data.norm_action=min_max",

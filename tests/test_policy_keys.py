@@ -82,8 +82,8 @@ def test_a_shape_contradicting_the_config_names_both_values(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # model.init_from of a LeRobot policy: its normalization, tokenizer and optimizer preset.
 
-PI05_PRESET = {"lr": 2.5e-5, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.01, "clip_norm": 1.0,
-               "warmup_steps": 1000, "schedule": "cosine", "decay_steps": 30000, "final_lr": 2.5e-6}
+PI05_PRESET = {"lr": 2.5e-5, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.01, "decay_mask": "all",
+               "clip_norm": 1.0, "warmup_steps": 1000, "schedule": "cosine", "decay_steps": 30000, "final_lr": 2.5e-6}
 
 
 def test_lerobots_pi05_fixture_trains_with_its_own_settings_from_the_dataset_alone(tmp_path, capsys):
@@ -179,7 +179,7 @@ def test_the_start_line_names_what_a_policy_from_scratch_left_at_the_defaults():
     line = policy_keys.describe(origins, cfg)
     assert "from the config: action_horizon=8 image_size=32 prompt_len=208 lr=0.001" in line, line
     assert "decay_steps=0 final_lr=None norm_state=min_max norm_action=min_max;" in line, line
-    assert "from the family's recipe: b1=0.9 b2=0.95 eps=1e-08 clip_norm=1 schedule=cosine;" in line, line
+    assert "from the family's recipe: b1=0.9 b2=0.95 eps=1e-08 decay_mask=all clip_norm=1 schedule=cosine;" in line, line
     assert "defaults: tokenizer='' relative=False" in line, line
 
 
@@ -193,6 +193,7 @@ def test_a_policy_from_scratch_takes_its_familys_recipe_not_the_tiny_gpts(family
     cfg, origins = config.load_with_origins(overrides=[f"model.family={family}"])
     o, d = cfg.optim, cfg.data
     assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (lr, 0.9, 0.95, 1e-8, decay, clip)
+    assert o.decay_mask == "all" and origins["optim.decay_mask"] == "family's recipe"  # torch's AdamW: every parameter
     assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr) == ("cosine", 1000, 30000, 2.5e-6)
     assert (d.norm_state, d.norm_action) == (norm, norm)
     assert origins["optim.lr"] == origins["data.norm_action"] == "family's recipe"

@@ -80,6 +80,23 @@ def test_weight_decay_spares_norms_and_biases():
                     "table": {"embedding": True}}
 
 
+@pytest.mark.parametrize("mask, decayed", [("matrices", {"kernel"}), ("all", {"kernel", "scale", "bias"})])
+def test_the_decay_mask_names_what_weight_decay_shrinks(mask, decayed):
+    """With no gradient, one AdamW step shrinks exactly the leaves optim.decay_mask names by
+    lr * weight_decay: matrices only (the default), or every parameter (LeRobot's and openpi's)."""
+    import jax.numpy as jnp
+    from zerojax.optim import make_optimizer
+
+    cfg = config.OptimConfig(lr=0.1, weight_decay=0.5, warmup_steps=0, schedule="constant", decay_mask=mask)
+    params = {"norm": {"scale": jnp.ones(3)}, "up": {"kernel": jnp.ones((3, 3)), "bias": jnp.ones(3)}}
+    opt = make_optimizer(cfg, 10)
+    updates, _ = opt.update(jax.tree.map(jnp.zeros_like, params), opt.init(params), params)
+    shrunk = {path[-1].key for path, u in jax.tree_util.tree_leaves_with_path(updates) if bool(jnp.all(u < 0))}
+    assert shrunk == decayed
+    for path, u in jax.tree_util.tree_leaves_with_path(updates):
+        assert jnp.allclose(u, -0.05 if path[-1].key in decayed else 0.0)
+
+
 @pytest.mark.parametrize("override, message", [
     ("mesh.data=16", "needs 16 devices but only 8 cpu devices exist"),
     ("train.global_batch=12", "must be divisible by the data-parallel size"),

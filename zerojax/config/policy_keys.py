@@ -47,7 +47,8 @@ NORMALIZED = {"STATE": "data.norm_state", "ACTION": "data.norm_action"}  # norma
 RELATIVE, EXCLUDE = "model.action.relative", "model.action.relative_exclude"  # LeRobot 0.6's relative actions
 # the settings a policy run's start line reports, whatever their origin
 REPORTED = ("data.norm_state", "data.norm_action", "data.tokenizer", RELATIVE, "optim.lr", "optim.warmup_steps",
-            "optim.schedule", "optim.decay_steps", "optim.final_lr", "optim.weight_decay", "optim.clip_norm")
+            "optim.schedule", "optim.decay_steps", "optim.final_lr", "optim.weight_decay", "optim.decay_mask",
+            "optim.clip_norm")
 
 
 def _model_value(model: dict, section: str, key: str) -> Any:
@@ -103,6 +104,8 @@ def lerobot_keys(directory: str, model: dict | None = None) -> dict:
         out["optim.b1"], out["optim.b2"] = betas
     if "optim.decay_steps" in out:
         out["optim.schedule"] = "cosine"
+    if any(key in checkpoint for key in PRESET):  # its preset is torch's AdamW over every parameter
+        out["optim.decay_mask"] = "all"
     if isinstance(checkpoint.get("use_relative_actions"), bool):  # LeRobot 0.6's π0, π0.5: a key since 0.5
         out[RELATIVE] = checkpoint["use_relative_actions"]
         if checkpoint["use_relative_actions"]:

@@ -23,6 +23,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # precision.compute, gather, reduce
 QUANTIZED_GATHERS = ("int8", "float8_e4m3fn")  # block-quantized weight gathers (schedules.quant.QUANT_FORMATS)
 LOSS_SCALES = ("dynamic", "none")  # precision.loss_scale, when not a number
 LR_SCHEDULES = ("cosine", "constant")  # optim.schedule: after warmup
+DECAY_MASKS = ("matrices", "all")  # optim.decay_mask: the parameters weight decay applies to
 LORA_BASES = ("all", "targets")  # optim.lora.base: what LoRA freezes (every leaf but the adapters | what the targets adapt)
 DISTRIBUTED = ("auto", "off")  # mesh.distributed
 RESUMES = ("auto", "never")  # train.resume

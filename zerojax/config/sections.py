@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from zerojax.config import rules
-from zerojax.config.rules import (ATTENTIONS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
+from zerojax.config.rules import (ATTENTIONS, DECAY_MASKS, DISTRIBUTED, DTYPE_ALIASES, DTYPES, FLOAT32_MAX, LORA_BASES, LOSS_SCALES, LR_SCHEDULES, OFFLOADS,
                                   PARAM_DTYPES, QUANTIZED_GATHERS, REMATS, RESUMES, SCHEDULES, STAGES)
 from zerojax.config.rules import _at_least, _choice, _finite, _largest_divisor
 from zerojax.config.data import DataConfig
@@ -232,7 +232,8 @@ class OptimConfig:
     b1: float = 0.9  # Adam first-moment decay
     b2: float = 0.95  # Adam second-moment decay
     eps: float = 1e-8  # Adam denominator epsilon
-    weight_decay: float = 0.1  # decoupled weight decay (never on norms and biases)
+    weight_decay: float = 0.1  # decoupled weight decay, on the parameters decay_mask names
+    decay_mask: str = "matrices"  # matrices: not norms' scales or biases (nanoGPT's, MaxText's) | all: every parameter (torch AdamW over a policy's parameters(), as LeRobot trains; openpi's weight_decay_mask=None)
     clip_norm: float = 1.0  # clip the global gradient norm to this; 0 = off
     warmup_steps: int = 50  # linear warmup from 0 to lr (with decay_steps: LeRobot's, from lr/(warmup+1))
     schedule: str = "cosine"  # after warmup: cosine (to final_lr at the last step, or over decay_steps) | constant
@@ -254,6 +255,7 @@ class OptimConfig:
         _finite("optim.clip_norm", self.clip_norm, 0)  # 0 = off
         _at_least("optim.warmup_steps", self.warmup_steps, 0)
         _choice("optim.schedule", self.schedule, LR_SCHEDULES)
+        _choice("optim.decay_mask", self.decay_mask, DECAY_MASKS)
         _at_least("optim.decay_steps", self.decay_steps, 0)
         if self.final_lr is not None:
             _finite("optim.final_lr", self.final_lr, 0)

@@ -3,7 +3,9 @@
 the device (`Optimizer.in_place`; `offload.streamed` is the same update through host memory).
 
 Weight decay is decoupled (AdamW) and masked off norms' scales and all biases: decaying them
-only pulls LayerNorm gains towards zero. The learning rate warms up linearly and then follows
+only pulls LayerNorm gains towards zero (optim.decay_mask=matrices). LeRobot's policies (torch's
+AdamW over every parameter) and openpi (optax's, with no mask) decay them all, and their recipes
+say so (optim.decay_mask=all). The learning rate warms up linearly and then follows
 a cosine down to optim.final_lr (a tenth of its peak) at the last step (or stays constant); with
 optim.decay_steps, LeRobot's cosine_decay_with_warmup (`lerobot_cosine`). Frozen parameters
 (`optim.freeze` patterns, a LoRA base) are not the optimizer's at all: the step hands it the
@@ -149,5 +151,5 @@ class Optimizer:
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> Optimizer:
     adamw = optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=decay_mask)
+                        weight_decay=cfg.weight_decay, mask=decay_mask if cfg.decay_mask == "matrices" else None)
     return Optimizer(optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else None, adamw, cfg.ema)

@@ -31,9 +31,10 @@ LAYERS, BLOCK = LLM + "layers/", IMG + "Transformer/encoderblock/"
 
 
 # openpi's fine-tuning recipe, the same for π0 and π0.5 (openpi/training: `TrainConfig`'s defaults, its
-# `optimizer.AdamW` and `CosineDecaySchedule`, and `ema_decay`); the normalization is the model type's
+# `optimizer.AdamW` with scripts/train.py's weight_decay_mask=None, `CosineDecaySchedule`, and `ema_decay`);
+# the normalization is the model type's
 RECIPE = {"optim.lr": 2.5e-5, "optim.b1": 0.9, "optim.b2": 0.95, "optim.eps": 1e-8, "optim.weight_decay": 1e-10,
-          "optim.clip_norm": 1.0, "optim.schedule": "cosine", "optim.warmup_steps": 1_000, "optim.decay_steps": 30_000,
+          "optim.decay_mask": "all", "optim.clip_norm": 1.0, "optim.schedule": "cosine", "optim.warmup_steps": 1_000, "optim.decay_steps": 30_000,
           "optim.final_lr": 2.5e-6, "optim.ema": 0.99}
 
 
