@@ -28,7 +28,10 @@ repository root (the processor files name the tokenizer from there):
 The zerojax half reads the frames with zerojax's dataset reader, builds each row's batch as
 `zerojax serve` does (`serve.observation`: the state normalized and put in the prompt), samples the
 run's newest checkpoint and zerojax's load of EXPORT (`serve.loaders.load` of a LeRobot
-directory) from the same noise, and writes the frames, noise, tokens and both actions to OUT.
+directory) from the same noise, and writes the frames, noise, tokens, both actions (normalized, and
+in the robot's units as `zerojax serve` answers: with the state added back where the run's actions
+are relative) and the run's statistics to OUT. scripts/checks/check_lerobot06_relative_export.py
+reuses both halves' pieces for a run on relative actions.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     from zerojax.data import lerobot
     from zerojax.data.lerobot import frames as lerobot_frames, meta as lerobot_meta
     from zerojax.serve import loaders
+    from zerojax.serve.policy import ROBOT_STATE
 
     info = lerobot.read_info(DATASET)
     ds = lerobot_meta.load(DATASET, info, [CAMERA], {STATE: "quantiles", ACTION: "quantiles"},
@@ -58,7 +62,7 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
     frames = [ds.numbers(i, 1) for i in INDICES]
     images = np.stack([ds.image(CAMERA, i, lerobot_frames.VideoReader()) for i in INDICES])
     obs = [{STATE: f[STATE], "prompt": f["task"], CAMERA: image} for f, image in zip(frames, images)]
-    found = {}
+    found, norms = {}, {}
     for name, target in (("run", run_dir), ("export", export)):  # the export carries tokenizer and head count
         served = loaders.load(Path(target), num_steps=10)
         rows = [served.batch(o) for o in obs]
@@ -66,15 +70,17 @@ def zerojax_half(run_dir: str, export: str, out: str) -> int:
         noise = np.random.default_rng(0).standard_normal((len(INDICES), *served.adapter.chunk(served.model_keys)))
         noise = noise.astype(np.float32)
         sampled = np.asarray(served.model.sample_actions(batch, noise, 10), np.float32)
-        norm = served.observations.norms[ACTION]
-        found[name] = {"actions": sampled, "raw_actions": lerobot.unnormalize(sampled[..., :served.action_dim], norm,
-                                                                              norm["mode"]),
-                       "tokens": batch["tokens"], "token_mask": batch["token_mask"]}
+        # unnormalized as `zerojax serve` answers, the state added back where the run's actions are relative
+        raw = served.observations.robot_actions(sampled, batch.get(ROBOT_STATE))
+        found[name] = {"actions": sampled, "raw_actions": raw, "tokens": batch["tokens"],
+                       "token_mask": batch["token_mask"]}
+        norms = served.observations.norms if name == "run" else norms  # what the run normalized with
     same = {k: float(np.abs(found["run"][k].astype(np.float32) - found["export"][k].astype(np.float32)).max())
             for k in found["run"]}
     save_file({"raw_state": np.stack([f[STATE] for f in frames]).astype(np.float32), "images": images,
                "noise": noise, **{f"{name}/{k}": v for name, d in found.items() for k, v in d.items()}}, out,
-              metadata={"tasks": json.dumps([f["task"] for f in frames]), "indices": json.dumps(INDICES)})
+              metadata={"tasks": json.dumps([f["task"] for f in frames]), "indices": json.dumps(INDICES),
+                        "norms": json.dumps({k: norms[k] for k in (STATE, ACTION)}, default=np.ndarray.tolist)})
     print(f"zerojax: {len(INDICES)} frames; max |the run - zerojax's load of its export|: {same}")
     return 0 if max(same.values()) <= TOLERANCE else 1
 
@@ -96,8 +102,9 @@ def check_load(export: str):
     return policy
 
 
-def check_processors(policy, export: str):
-    """The processors from the export; their normalizers hold the dataset's q01/q99."""
+def check_processors(policy, export: str, stats: dict | None = None, whose: str = ""):
+    """The processors from the export; their normalizers hold `stats`' q01/q99 ({feature: {stat:
+    values}}, `whose` saying whose), by default the dataset's meta/stats.json as LeRobot reads it."""
     import torch
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -108,7 +115,8 @@ def check_processors(policy, export: str):
     tokenizer_dir = {"tokenizer_name": str(Path(export) / "tokenizer")}
     pre, post = make_pre_post_processors(policy.config, pretrained_path=export,
                                          preprocessor_overrides={"tokenizer_processor": tokenizer_dir})
-    stats = LeRobotDataset("zerojax/pi05_tiny", root=DATASET).meta.stats
+    said = f"the dataset's q01/q99 ({DATASET.name}/meta/stats.json)" if stats is None else f"{whose} q01/q99"
+    stats = LeRobotDataset("zerojax/pi05_tiny", root=DATASET).meta.stats if stats is None else stats
     for pipeline, step_name in ((pre, "NormalizerProcessorStep"), (post, "UnnormalizerProcessorStep")):
         step = next(s for s in pipeline.steps if type(s).__name__ == step_name)
         for feature in (STATE, ACTION) if step_name.startswith("Normalizer") else (ACTION,):
@@ -116,21 +124,33 @@ def check_processors(policy, export: str):
                 want = torch.as_tensor(stats[feature][stat], dtype=torch.float32)
                 assert torch.equal(step._tensor_stats[feature][stat], want), (step_name, feature, stat)  # noqa: SLF001
     tokenizer = next(s for s in pre.steps if type(s).__name__ == "TokenizerProcessorStep").tokenizer_name
-    print(f"processors: loaded; the normalizer and unnormalizer hold the dataset's q01/q99 ({DATASET.name}/meta/"
-          f"stats.json); the tokenizer step names {tokenizer}")
+    print(f"processors: loaded; the normalizer and unnormalizer hold {said}; the tokenizer "
+          f"step names {tokenizer}")
     return pre, post
 
 
 def lerobot_half(export: str, out: str) -> int:
-    import torch
+    policy = check_load(export)
+    pre, post = check_processors(policy, export)
+    return 0 if max(compare(policy, pre, post, *read_out(out)).values()) <= TOLERANCE else 1
+
+
+def read_out(out: str) -> tuple[dict, dict]:
+    """(tensors, metadata) the zerojax half wrote."""
     from safetensors import safe_open
+
+    with safe_open(out, "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def compare(policy, pre, post, ref: dict, meta: dict) -> dict:
+    """LeRobot's dataset items at the zerojax half's indices through the preprocessor,
+    `predict_action_chunk` from its noise and the postprocessor: {what: max |LeRobot - zerojax|},
+    printed, for the run's and the export's actions, normalized and in the robot's units."""
+    import torch
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    policy = check_load(export)
-    pre, post = check_processors(policy, export)
-    with safe_open(out, "pt") as f:
-        ref, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
     dataset = LeRobotDataset("zerojax/pi05_tiny", root=DATASET)
     items = [dataset[i] for i in json.loads(meta["indices"])]
     state, images = torch.stack([it[STATE] for it in items]), torch.stack([it[CAMERA] for it in items])
@@ -145,10 +165,10 @@ def lerobot_half(export: str, out: str) -> int:
     width = actions.shape[-1]
     diffs = {f"{name} {what}": (got - ref[f"{name}/{key}"][..., :width]).abs().max().item()
              for name in ("run", "export") for what, got, key in (("actions", actions, "actions"),
-                                                                   ("unnormalized actions", raw, "raw_actions"))}
+                                                                   ("robot actions", raw, "raw_actions"))}
     print(f"the dataset's frames and tasks as zerojax read them; the preprocessor's tokens are zerojax's; "
           f"max |LeRobot - zerojax| over {tuple(actions.shape)}: " + ", ".join(f"{k} {v:.3g}" for k, v in diffs.items()))
-    return 0 if max(diffs.values()) <= TOLERANCE else 1
+    return diffs
 
 
 if __name__ == "__main__":
