@@ -138,7 +138,8 @@ def test_a_rollout_of_a_tiny_pi0_counts_its_episodes_and_its_failures(run_dir, m
             "--n-action-steps", "3", "--num-steps", "2"]
     assert out_of_reach(metaworld, TASK, 6) and out_of_reach(metaworld, "drawer-close-v3", 6)
     doc = rollout_json([*argv, "--video", str(tmp_path / "videos"), "--videos", "1"], capsys)
-    assert set(doc) == {"tasks", "mean_success_rate", "seam_jump", "inner_jump"}
+    assert set(doc) == {"tasks", "mean_success_rate", "seam_jump", "inner_jump", "shift", "request_ms"}
+    assert doc["shift"] == "none" and doc["request_ms"] > 0
     assert set(doc["tasks"]) == {TASK, "drawer-close-v3"} and doc["seam_jump"] >= 0 and doc["inner_jump"] >= 0
     for r in doc["tasks"].values():
         assert set(r) == {"episodes", "successes", "success_rate", "seam_jump", "inner_jump"}
@@ -192,7 +193,9 @@ def test_a_rollout_of_a_tiny_smolvla_runs_through_its_family_declaration(collect
     assert out_of_reach(metaworld, TASK, 6)  # so every episode fails, whatever the policy
     assert (doc["tasks"][TASK]["episodes"], doc["tasks"][TASK]["successes"]) == (2, 0)
     assert doc["seam_jump"] > 0 and doc["inner_jump"] > 0  # actions that moved the arm, chunk after chunk
-    assert rollout_json(argv, capsys) == doc
+    again = rollout_json(argv, capsys)
+    assert again.pop("request_ms") > 0 and doc.pop("request_ms") > 0  # a time: the rest repeats exactly
+    assert again == doc
 
 
 def test_the_scripted_expert_succeeds_through_the_same_loop(metaworld, capsys):
@@ -216,6 +219,64 @@ def test_every_episode_of_every_task_sees_a_rendered_camera(metaworld):
 
     rollout.run(policy, [TASK, "drawer-close-v3"], 2, 0, 2, SIZE, max_steps=4, progress=False)
     assert len(seen) == 2 * 2 * 2 and all(mean > 10 for _, mean in seen), seen
+
+
+def shifted_image(metaworld, *items: str, camera: str = "corner2") -> np.ndarray:
+    env = metaworld.Env(TASK, SIZE, camera, metaworld.Shift.parse(list(items)))
+    env.reset(100000)
+    image = env.image().astype(np.float32)
+    env.close()
+    return image
+
+
+def test_a_shift_changes_the_rendering_as_it_says_and_nothing_the_state_says(metaworld):
+    """brightness=0.5 darkens the frame, a red cast raises red against blue, the camera moved 4 cm
+    sees another frame; no shift renders the trained scene exactly, and the state (the expert's
+    whole episode) is the same under every shift."""
+    plain = shifted_image(metaworld)
+    assert np.array_equal(plain, shifted_image(metaworld, "brightness=1", "colour=1,1,1", "camera=0,0,0"))
+    assert shifted_image(metaworld, "brightness=0.5").mean() < 0.8 * plain.mean()
+    red = shifted_image(metaworld, "colour=1.3,1,0.6")
+    assert red[..., 0].mean() / red[..., 2].mean() > 1.2 * plain[..., 0].mean() / plain[..., 2].mean()
+    assert np.abs(shifted_image(metaworld, "camera=0,0,0.04") - plain).mean() > 5
+    states = []
+    for items in ([], ["brightness=0.5", "colour=1.3,1,0.6", "camera=0,0,0.04"]):
+        env = metaworld.Env(TASK, SIZE, shift=metaworld.Shift.parse(items))
+        obs = [env.reset(100000)[metaworld.STATE_KEY]]
+        for _ in range(20):
+            obs.append(env.step(env.expert_action())[0][metaworld.STATE_KEY])
+        states.append(np.stack(obs))
+        env.close()
+    assert np.array_equal(*states)
+
+
+def test_a_shift_or_camera_that_is_not_one_is_refused_before_the_sim_is_looked_for(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "metaworld", None)  # bad input is named first, with or without the extra
+    for item, named in (("brightness=-1", "brightness=F"), ("colour=1,1", "colour=R,G,B"), ("tilt=3", "camera=DX")):
+        line = one_error_line(["rollout", "--policy", "expert", "--env", f"metaworld:{TASK}", "--shift", item], capsys)
+        assert repr(item) in line and named in line
+    line = one_error_line(["rollout", "--policy", "expert", "--env", f"metaworld:{TASK}", "--camera", "top"], capsys)
+    assert "'top'" in line and "topview" in line
+
+
+def test_collect_records_the_camera_it_is_given(metaworld, tmp_path, capsys):
+    """--camera topview: the dataset's camera is observation.images.topview, read back as the
+    environment renders it from that camera (within the video codec's error)."""
+    out = tmp_path / "top"
+    assert cli.main(["collect", "--tasks", TASK, "--episodes", "1", "--out", str(out), "--size", str(SIZE),
+                     "--camera", "topview"]) == 0
+    capsys.readouterr()
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert [k for k in info["features"] if k.startswith("observation.images.")] == ["observation.images.topview"]
+    src = sources.open_source(config.load(overrides=[f"data.source=lerobot:{out}", *PI0]))
+    env = metaworld.Env(TASK, SIZE, "topview")
+    env.reset(0)
+    first = src.source.dataset.image("observation.images.topview", 0, src.source.video).astype(np.float64)
+    assert np.abs(first - env.image()).mean() < 6.0  # AV1's error, as above
+    assert np.abs(first - shifted_image(metaworld)).mean() > 20  # corner2's frame is another
+    assert "no camera 'top'" in one_error_line(["collect", "--tasks", TASK, "--episodes", "1", "--camera", "top",
+                                                "--out", str(tmp_path / "bad")], capsys)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_expert_fails_where_its_episodes_are_cut_short(metaworld, capsys):

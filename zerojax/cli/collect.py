@@ -19,6 +19,9 @@ def arguments(collect: Parser) -> None:
     collect.add_argument("--out", type=Path, required=True, help="a new directory for the dataset")
     collect.add_argument("--size", type=int, default=64, help="the camera's height and width (default 64)")
     collect.add_argument("--seed", type=int, default=0, help="the first episode's seed (default 0)")
+    collect.add_argument("--camera", default="corner2", help="the Meta-World camera recorded, as "
+                         "observation.images.CAMERA: corner, corner2 (default: LeRobot's, moved as LeRobot moves it), "
+                         "corner3, topview, behindGripper or gripperPOV")
 
 
 def run(args) -> int:
@@ -29,7 +32,7 @@ def run(args) -> int:
 
     start = time.perf_counter()
     summary = collect.collect([t for t in args.tasks.split(",") if t], args.episodes, args.out, args.size, args.seed,
-                              log=lambda message, **_: print(f"zerojax: {message}", file=sys.stderr))
+                              log=lambda message, **_: print(f"zerojax: {message}", file=sys.stderr), camera=args.camera)
     print(f"zerojax: wrote {args.out}: {summary['episodes']} episodes, {summary['frames']} frames in "
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

@@ -5,6 +5,7 @@ is loaded."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,12 +45,20 @@ def arguments(rollout: Parser) -> None:
     rollout.add_argument("--videos", type=positive_int, default=2, metavar="K", help="episodes filmed per task "
                          "(default 2)")
     rollout.add_argument("--step", type=int, help="RUN_DIR: a checkpoint step (default: the newest)")
+    rollout.add_argument("--dataset", metavar="NAME", help="a run trained on a mixture of datasets: the dataset "
+                         "whose robot, camera and statistics the episodes are served with (as a request to "
+                         "`zerojax serve` names it)")
+    rollout.add_argument("--shift", action="append", default=[], metavar="KEY=VALUE", help="evaluate in a scene the "
+                         "training data never showed (repeatable): brightness=F scales the lights, colour=R,G,B "
+                         "multiplies the materials' colours, camera=DX,DY,DZ moves the camera (metres)")
+    rollout.add_argument("--camera", default="corner2", help="--policy expert: the camera filmed for --video (a run "
+                         "uses its dataset's)")
     rollout.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     rollout.add_argument("--json", action="store_true", help="stdout: one JSON document")
 
 
 def run(args) -> int:
-    names, video_dir = _check(args)
+    names, video_dir, shift = _check(args)
     from zerojax import sim
 
     sim.require()
@@ -57,23 +66,30 @@ def run(args) -> int:
 
     tasks = [t for t in names.split(",") if t]
     metaworld.check_tasks(tasks)
-    policy, size, n_action_steps, where = _policy(args)
+    policy, size, camera, n_action_steps, where = _policy(args)
     chunking = rollout.Chunking(n_action_steps, args.delay, args.rtc)
     print(f"zerojax: rollout of {where} on {', '.join(tasks)}: {args.episodes} episodes each from seed {args.seed}, "
           f"{n_action_steps} actions a chunk" + (f", an inference delay of {args.delay} steps" if args.delay else "")
-          + (", real-time chunking" if args.rtc else ""), file=sys.stderr)
+          + (", real-time chunking" if args.rtc else "") + f"; camera {camera}, shift: {shift.describe()}",
+          file=sys.stderr)
     start = time.perf_counter()
     results = rollout.run(policy, tasks, args.episodes, args.seed, chunking, size, video_dir, args.videos,
-                          args.max_steps, progress=not args.no_progress)
-    doc = rollout.summary(results)
+                          args.max_steps, progress=not args.no_progress, camera=camera, shift=shift)
+    doc = {**rollout.summary(results), "shift": shift.describe()}
+    if getattr(policy, "seconds", None):  # the median: the first requests of a run include compiling
+        doc["request_ms"] = round(1000 * statistics.median(policy.seconds), 2)
     print(f"zerojax: {len(tasks) * args.episodes} episodes in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     _print(doc, args.json, video_dir)
     return 0
 
 
-def _check(args) -> tuple[str, Path | None]:
-    """The task names and the video directory, once the arguments are known to be consistent
-    (before the sim extra is looked for, so that bad input is named first)."""
+def _check(args) -> tuple[str, Path | None, object]:
+    """The task names, the video directory and the scene's shift, once the arguments are known to
+    be consistent (before the sim extra is looked for, so that bad input is named first)."""
+    from zerojax.sim import metaworld  # numpy only: Meta-World itself is imported by its Env
+
+    shift = metaworld.Shift.parse(args.shift)
+    metaworld.check_camera(args.camera)
     kind, _, names = args.env.partition(":")
     if kind not in ENV_KINDS or not names:
         raise UsageError(f"--env {args.env!r}: give KIND:TASK[,TASK...] with KIND one of {', '.join(ENV_KINDS)} "
@@ -81,33 +97,45 @@ def _check(args) -> tuple[str, Path | None]:
     if (args.policy == "run") != (args.run_dir is not None):
         raise UsageError("give RUN_DIR (a policy run) or --policy expert, not both" if args.run_dir else
                          "give RUN_DIR (a policy run), or --policy expert for Meta-World's scripted expert")
+    if args.policy == "expert" and args.dataset:
+        raise UsageError("--dataset names a dataset of a run trained on a mixture; the expert has none")
     if args.delay < 0 or (args.policy == "expert" and (args.delay or args.rtc)):
         raise UsageError(f"--delay {args.delay} must be >= 0" if args.delay < 0 else
                          "--delay and --rtc are for a run's chunks; the expert acts one step at a time")
     video_dir = Path(args.video) if args.video else None
     if video_dir is not None and video_dir.exists() and not video_dir.is_dir():
         raise UsageError(f"--video {args.video!r}: not a directory")
-    return names, video_dir
+    return names, video_dir, shift
 
 
 def _policy(args):
-    """(policy, camera size, actions executed per chunk, its description) of --policy."""
+    """(policy, camera size, camera, actions executed per chunk, its description) of --policy."""
     from zerojax.sim import metaworld, rollout
 
     if args.policy == "expert":
-        return rollout.expert, args.size, 1, "Meta-World's scripted expert"
+        return rollout.expert, args.size, args.camera, 1, "Meta-World's scripted expert"
     from zerojax.serve import loaders
+    from zerojax.serve.observation import DATASET, ObservationError
 
     served = loaders.load(Path(args.run_dir), args.step, args.num_steps, args.seed,
                              rtc_jacobian=args.rtc_jacobian)
-    if served.mixture:  # each request would name one of its datasets, and a Meta-World task is none of them
-        raise UsageError(f"{served.where} trained on a mixture of datasets (data.source=mixture); rollout runs a run "
-                         "of one Meta-World dataset (`zerojax serve` serves a mixture, each request naming its dataset)")
+    observations, asked = served.observations, {}
+    if served.mixture != bool(args.dataset):  # a mixture's requests name their dataset; one dataset's none
+        raise UsageError(f"{served.where} trained on a mixture of datasets (data.source=mixture): give --dataset, one "
+                         f"of {observations.choices()}" if served.mixture else
+                         f"--dataset {args.dataset!r}: {served.where} trained on one dataset, not a mixture")
+    if served.mixture:
+        try:
+            observations = observations.member({DATASET: args.dataset})
+        except ObservationError:
+            raise UsageError(f"--dataset {args.dataset!r}: {served.where} trained on none of that name; give one of "
+                             f"{observations.choices()}") from None
+        asked = {DATASET: args.dataset}
     if args.rtc and served.train_delay and args.delay > served.train_delay:
         raise UsageError(f"--delay {args.delay} with --rtc: the run was trained to be given at most "
                          f"{served.train_delay} actions (model.action.train_delay={served.train_delay}); "
                          f"give --delay from 0 to {served.train_delay}")
-    size = metaworld.check_features(served.observations.features, served.where)
+    size, camera = metaworld.check_features(observations.features, served.where)
     n_action_steps = args.n_action_steps or served.horizon - args.delay
     if args.delay > n_action_steps:
         raise UsageError(f"--delay {args.delay} is more than --n-action-steps {n_action_steps}: the robot would run "
@@ -117,12 +145,17 @@ def _policy(args):
                          f"{served.horizon} actions (model.action.horizon), fewer than the two together")
 
     def policy(obs, request, env, leftover=None, delay=0):
-        obs = {k: v for k, v in obs.items() if k in served.expected_keys}
+        obs = {**{k: v for k, v in obs.items() if k in served.expected_keys}, **asked}
         if leftover is not None:  # real-time chunking: as a client of zerojax serve sends them
             obs.update({"prev_actions": leftover, "inference_delay": delay})
-        return served.infer(obs, request)["actions"]
+        start = time.perf_counter()
+        actions = served.infer(obs, request)["actions"]
+        policy.seconds.append(time.perf_counter() - start)
+        return actions
 
-    return policy, size, n_action_steps, served.where
+    policy.seconds = []  # each request's time in the server's infer: its observation, sampling and actions
+
+    return policy, size, camera, n_action_steps, served.where
 
 
 def _print(doc: dict, as_json: bool, video_dir: Path | None) -> None:

@@ -10,6 +10,7 @@ with pyarrow and PyAV (no torch, no LeRobot), laid out as LeRobot 0.4's
     data/chunk-000/file-000.parquet  observation.state [39], action [4], timestamp, frame_index,
                                      episode_index, index, task_index
     videos/observation.images.corner2/chunk-000/file-000.mp4  the camera, every episode in turn
+                                     (--camera CAMERA: observation.images.CAMERA)
 
 The observation and the camera are zerojax.sim.metaworld's (the goal observable, corner2 at S x
 S); frame t is the observation before action t. Only the expert's successful episodes are
@@ -18,7 +19,7 @@ succeeded (each episode ends at its first success). Statistics: per episode as L
 compute_episode_stats (images per channel in [0, 1], over every frame rather than a sample;
 quantiles exact, where LeRobot estimates them from a histogram), aggregated as LeRobot does.
 
-    zerojax collect --tasks reach-v3,drawer-close-v3 --episodes 20 --out /tmp/mw [--size 64] [--seed 0]
+    zerojax collect --tasks reach-v3,drawer-close-v3 --episodes 20 --out /tmp/mw [--size 64] [--seed 0] [--camera corner2]
 
 (MuJoCo renders through OSMesa unless MUJOCO_GL names another backend: `sim.require`.)
 """
@@ -90,13 +91,13 @@ def aggregate(stats: list[dict]) -> dict:
     return out
 
 
-def features(size: int, video_info: dict) -> dict:
+def features(size: int, video_info: dict, camera: str = metaworld.CAMERA) -> dict:
     scalar = lambda dtype: {"dtype": dtype, "shape": [1], "names": None}  # noqa: E731
     return {
         metaworld.STATE_KEY: {"dtype": "float32", "shape": [39], "names": [f"obs_{i}" for i in range(39)]},
         "action": {"dtype": "float32", "shape": [4], "names": ["dx", "dy", "dz", "gripper"]},
-        metaworld.IMAGE_KEY: {"dtype": "video", "shape": [size, size, 3], "names": ["height", "width", "channels"],
-                              "info": video_info},
+        metaworld.image_key(camera): {"dtype": "video", "shape": [size, size, 3],
+                                      "names": ["height", "width", "channels"], "info": video_info},
         "timestamp": scalar("float32"), "frame_index": scalar("int64"), "episode_index": scalar("int64"),
         "index": scalar("int64"), "task_index": scalar("int64"),
     }
@@ -151,18 +152,19 @@ def write_tasks(path: Path, tasks: list[str]) -> None:
     pq.write_table(table.replace_schema_metadata({"pandas": json.dumps(pandas_meta)}), path)
 
 
-def write_episodes(path: Path, episodes: list[dict], tasks: list[str], ep_stats: list[dict]) -> None:
+def write_episodes(path: Path, episodes: list[dict], tasks: list[str], ep_stats: list[dict], camera: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    camera_key = metaworld.image_key(camera)
 
     rows, start, t0 = [], 0, 0.0
     for i, (e, stats) in enumerate(zip(episodes, ep_stats)):
         n = len(e["action"])
         row = {"episode_index": i, "tasks": [metaworld.INSTRUCTIONS[tasks[e["task_index"]]]], "length": n,
                "data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": start, "dataset_to_index": start + n,
-               f"videos/{metaworld.IMAGE_KEY}/chunk_index": 0, f"videos/{metaworld.IMAGE_KEY}/file_index": 0,
-               f"videos/{metaworld.IMAGE_KEY}/from_timestamp": t0,
-               f"videos/{metaworld.IMAGE_KEY}/to_timestamp": t0 + n / metaworld.FPS}
+               f"videos/{camera_key}/chunk_index": 0, f"videos/{camera_key}/file_index": 0,
+               f"videos/{camera_key}/from_timestamp": t0, f"videos/{camera_key}/to_timestamp": t0 + n / metaworld.FPS}
         for key, s in stats.items():
             row.update({f"stats/{key}/{name}": v.tolist() for name, v in s.items()})
         row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
@@ -172,11 +174,11 @@ def write_episodes(path: Path, episodes: list[dict], tasks: list[str], ep_stats:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def episode_stats(e: dict) -> dict:
+def episode_stats(e: dict, camera: str) -> dict:
     n = len(e["action"])
     frame = np.arange(n)
     return {metaworld.STATE_KEY: feature_stats(e["state"], False), "action": feature_stats(e["action"], False),
-            metaworld.IMAGE_KEY: feature_stats(e["image"], True),
+            metaworld.image_key(camera): feature_stats(e["image"], True),
             "timestamp": feature_stats((frame / metaworld.FPS)[:, None], False),
             "frame_index": feature_stats(frame[:, None], False),
             "episode_index": feature_stats(np.full((n, 1), e["episode_index"]), False),
@@ -184,16 +186,19 @@ def episode_stats(e: dict) -> dict:
             "task_index": feature_stats(np.full((n, 1), e["task_index"]), False)}
 
 
-def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, log=print) -> dict:
-    """Write the dataset (module docstring); its summary: frames, episodes, seeds, tries."""
+def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, log=print,
+            camera: str = metaworld.CAMERA) -> dict:
+    """Write the dataset (module docstring) of `camera`'s frames; its summary: frames, episodes,
+    seeds, tries."""
     metaworld.check_tasks(tasks)
+    metaworld.check_camera(camera)
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: at least 1")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: not empty; give a new directory")
     recorded, tried = [], {}
     for k, task in enumerate(tasks):
-        kept, tried[task] = record(task, k, episodes, size, seed)
+        kept, tried[task] = record(task, k, episodes, size, seed, camera)
         recorded += kept
         log(f"{task}: {episodes} of {tried[task]} expert episodes succeeded", file=sys.stderr)
     start = 0
@@ -202,7 +207,7 @@ def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, lo
         start += len(e["action"])
     out.mkdir(parents=True, exist_ok=True)
     try:
-        write(out, recorded, tasks, size, start)
+        write(out, recorded, tasks, size, start, camera)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # nothing half-written
         raise
@@ -210,10 +215,10 @@ def collect(tasks: list[str], episodes: int, out: Path, size: int, seed: int, lo
             "seeds": {t: [e["seed"] for e in recorded if e["task_index"] == k] for k, t in enumerate(tasks)}}
 
 
-def record(task: str, k: int, episodes: int, size: int, seed: int) -> tuple[list[dict], int]:
+def record(task: str, k: int, episodes: int, size: int, seed: int, camera: str) -> tuple[list[dict], int]:
     """Task k's first `episodes` successful expert episodes, tried from seed + TASK_SEED_STRIDE k
     upwards, and how many were tried; a ConfigError where the expert fails too often."""
-    env = metaworld.Env(task, size)
+    env = metaworld.Env(task, size, camera)
     kept, first = [], seed + TASK_SEED_STRIDE * k
     s = first
     while len(kept) < episodes:
@@ -229,19 +234,19 @@ def record(task: str, k: int, episodes: int, size: int, seed: int) -> tuple[list
     return kept, s - first
 
 
-def write(out: Path, recorded: list[dict], tasks: list[str], size: int, frames: int) -> None:
+def write(out: Path, recorded: list[dict], tasks: list[str], size: int, frames: int, camera: str) -> None:
     """The dataset's files (module docstring) in `out`, the video first: its encoder settings
     are part of info.json's features."""
-    mp4 = out / VIDEOS.format(video_key=metaworld.IMAGE_KEY, chunk_index=0, file_index=0)
+    mp4 = out / VIDEOS.format(video_key=metaworld.image_key(camera), chunk_index=0, file_index=0)
     video_info = video.write(mp4, (f for e in recorded for f in e["image"]), metaworld.FPS)
     write_data(out / DATA.format(chunk_index=0, file_index=0), recorded)
-    stats = [episode_stats(e) for e in recorded]
-    write_episodes(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet", recorded, tasks, stats)
+    stats = [episode_stats(e, camera) for e in recorded]
+    write_episodes(out / "meta" / "episodes" / "chunk-000" / "file-000.parquet", recorded, tasks, stats, camera)
     write_tasks(out / "meta" / "tasks.parquet", tasks)
     total = {key: {k: v.tolist() for k, v in aggregate([s[key] for s in stats]).items()} for key in stats[0]}
     (out / "meta" / "stats.json").write_text(json.dumps(total, indent=4))
     info = {"codebase_version": "v3.0", "robot_type": "sawyer", "total_episodes": len(recorded),
             "total_frames": frames, "total_tasks": len(tasks), "chunks_size": 1000, "data_files_size_in_mb": 100,
             "video_files_size_in_mb": 200, "fps": metaworld.FPS, "splits": {"train": f"0:{len(recorded)}"},
-            "data_path": DATA, "video_path": VIDEOS, "features": features(size, video_info)}
+            "data_path": DATA, "video_path": VIDEOS, "features": features(size, video_info, camera)}
     (out / "meta" / "info.json").write_text(json.dumps(info, indent=4))

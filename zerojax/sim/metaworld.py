@@ -10,7 +10,9 @@ observable and the rendering made cheap.
     observation.images.corner2   uint8 [S, S, 3] the corner2 camera, moved and flipped as LeRobot
                                                 does, rendered without shadows or multisampling
                                                 (a 4096-pixel shadow map costs 0.2 s a frame on
-                                                a CPU; without it, 20 ms at 64 x 64)
+                                                a CPU; without it, 20 ms at 64 x 64); another of
+                                                Meta-World's cameras (CAMERAS) where one is named:
+                                                observation.images.<camera>, where Meta-World puts it
     action                       float32 [4]    the hand's xyz motion and the gripper, in [-1, 1]
 
 A task's episodes are MT1's: `metaworld.MT1(task, seed=42)`'s first training task with its
@@ -18,9 +20,15 @@ random vector unfrozen (LeRobot's choice), and episode e of seed s starts from
 `reset(seed=s + e)`, so the same seed gives the same initial states. An episode succeeds when
 `info["success"]` is set at any step; it ends there or at the task's max_path_length (500).
 The instructions are LeRobot's (its metaworld_config.json).
+
+A `Shift` changes the scene an evaluation renders and nothing the state says, for a policy to be
+judged on what its training data never showed: the lights' brightness, a colour cast of every
+material, and the camera moved by a few centimetres.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +36,9 @@ from zerojax.errors import ConfigError
 
 FPS = 80  # LeRobot's MetaworldEnv render_fps
 CAMERA = "corner2"
-STATE_KEY, IMAGE_KEY = "observation.state", f"observation.images.{CAMERA}"
+CAMERAS = ("corner", "corner2", "corner3", "topview", "behindGripper", "gripperPOV")  # the scenes' own
+IMAGE_PREFIX = "observation.images."
+STATE_KEY, IMAGE_KEY = "observation.state", f"{IMAGE_PREFIX}{CAMERA}"
 CORNER2_POS = (0.75, 0.075, 0.7)  # LeRobot's corner2 position (arXiv 2206.14244)
 BENCHMARK_SEED = 42  # LeRobot's metaworld.MT1(task, seed=42)
 
@@ -94,32 +104,91 @@ def check_tasks(tasks: list[str]) -> None:
                           f"Meta-World's tasks: {', '.join(INSTRUCTIONS)}")
 
 
-def check_features(features: dict, where: str) -> int:
-    """The camera size of a run trained on these features, or a ConfigError where they are not
-    a Meta-World dataset's (`zerojax collect`'s)."""
-    state, action, image = (features.get(k, {}).get("shape") for k in (STATE_KEY, "action", IMAGE_KEY))
-    if state != [39] or action != [4] or image is None:
+def check_camera(camera: str) -> None:
+    if camera not in CAMERAS:
+        raise ConfigError(f"metaworld: no camera {camera!r}; Meta-World's cameras: {', '.join(CAMERAS)}")
+
+
+def image_key(camera: str) -> str:
+    return f"{IMAGE_PREFIX}{camera}"
+
+
+def check_features(features: dict, where: str) -> tuple[int, str]:
+    """(the camera size, the camera) of a run trained on these features, or a ConfigError where
+    they are not a Meta-World dataset's (`zerojax collect`'s: the state, the action, one camera)."""
+    state, action = (features.get(k, {}).get("shape") for k in (STATE_KEY, "action"))
+    cameras = [k[len(IMAGE_PREFIX):] for k in features if k.startswith(IMAGE_PREFIX)]
+    if state != [39] or action != [4] or len(cameras) != 1 or cameras[0] not in CAMERAS:
         have = ", ".join(f"{k} {v.get('shape')}" for k, v in features.items())
         raise ConfigError(f"{where} was not trained on Meta-World's features ({STATE_KEY} [39], action [4], "
-                          f"{IMAGE_KEY}: a dataset of `zerojax collect`); its features: {have}")
-    return int(image[0])
+                          f"one of its cameras as {IMAGE_PREFIX}CAMERA: a dataset of `zerojax collect`); its "
+                          f"features: {have}")
+    return int(features[image_key(cameras[0])]["shape"][0]), cameras[0]
+
+
+@dataclass(frozen=True)
+class Shift:
+    """What an evaluation changes in the rendered scene (module docstring): `brightness` scales
+    every light (the headlight's too), `colour` multiplies the RGB of every material and geom
+    (a colour cast, clipped to 1), `camera` moves the camera by (dx, dy, dz) metres."""
+
+    brightness: float = 1.0
+    colour: tuple = (1.0, 1.0, 1.0)
+    camera: tuple = (0.0, 0.0, 0.0)
+
+    @classmethod
+    def parse(cls, items: list[str]) -> "Shift":
+        """From KEY=VALUE items: brightness=F, colour=R,G,B, camera=DX,DY,DZ (metres)."""
+        fields, sizes = {}, {"brightness": 1, "colour": 3, "camera": 3}
+        for item in items:
+            key, _, value = item.partition("=")
+            try:
+                numbers = tuple(float(v) for v in value.split(","))
+            except ValueError:
+                numbers = ()
+            if key not in sizes or len(numbers) != sizes[key] or (key != "camera" and min(numbers) < 0):
+                raise ConfigError(f"shift {item!r}: give brightness=F (F >= 0, 1 = as trained), colour=R,G,B (each a "
+                                  "factor >= 0 on the materials' red, green and blue) or camera=DX,DY,DZ (metres)")
+            fields[key] = numbers[0] if key == "brightness" else numbers
+        return cls(**fields)
+
+    def apply(self, model, camera_id: int) -> None:
+        if self.brightness != 1.0:
+            for lights in (model.light_diffuse, model.light_ambient, model.light_specular):
+                lights *= self.brightness
+            headlight = model.vis.headlight
+            headlight.diffuse, headlight.ambient = headlight.diffuse * self.brightness, headlight.ambient * self.brightness
+        if self.colour != (1.0, 1.0, 1.0):
+            for rgba in (model.mat_rgba, model.geom_rgba):
+                rgba[:, :3] = np.clip(rgba[:, :3] * np.asarray(self.colour, np.float32), 0.0, 1.0)
+        model.cam_pos[camera_id] += np.asarray(self.camera)
+
+    def describe(self) -> str:
+        said = [f"brightness x{self.brightness:g}"] * (self.brightness != 1.0)
+        said += [f"colour x({','.join(f'{c:g}' for c in self.colour)})"] * (self.colour != (1.0, 1.0, 1.0))
+        said += [f"camera moved ({','.join(f'{c:g}' for c in self.camera)}) m"] * any(self.camera)
+        return ", ".join(said) or "none"
 
 
 class Env:
     """One Meta-World task (module docstring). `reset(seed)` and `step(action)` give the
     observation dict; `render` is called only when an observation is read."""
 
-    def __init__(self, task: str, size: int = 64):
+    def __init__(self, task: str, size: int = 64, camera: str = CAMERA, shift: Shift | None = None):
         import metaworld
         from metaworld.policies import ENV_POLICY_MAP
 
         check_tasks([task])
+        check_camera(camera)
         self.task, self.size, self.instruction = task, size, INSTRUCTIONS[task]
+        self.image_key = image_key(camera)
         benchmark = metaworld.MT1(task, seed=BENCHMARK_SEED)
-        env = benchmark.train_classes[task](render_mode="rgb_array", camera_name=CAMERA, width=size, height=size)
+        env = benchmark.train_classes[task](render_mode="rgb_array", camera_name=camera, width=size, height=size)
         env.set_task(benchmark.train_tasks[0])  # MT1's tasks set partially_observable=False: the goal is shown
         env._partially_observable = False
-        env.model.cam_pos[env.model.camera(CAMERA).id] = CORNER2_POS
+        if camera == CAMERA:
+            env.model.cam_pos[env.model.camera(CAMERA).id] = CORNER2_POS
+        (shift or Shift()).apply(env.model, env.model.camera(camera).id)
         env.model.vis.quality.shadowsize = 0
         env.model.vis.quality.offsamples = 0
         env.model.vis.global_.offwidth = env.model.vis.global_.offheight = size
@@ -143,7 +212,8 @@ class Env:
         return {STATE_KEY: np.asarray(self.raw, np.float32), "prompt": self.instruction}
 
     def image(self) -> np.ndarray:
-        """uint8 [S, S, 3]: the camera now (corner2 renders upside down and mirrored; flipped back)."""
+        """uint8 [S, S, 3]: the camera now (Meta-World's cameras render upside down and mirrored;
+        flipped back)."""
         try:
             frame = self.env.render()
         except Exception as err:  # no OpenGL: MuJoCo's GL loader fails on the first render

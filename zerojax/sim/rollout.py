@@ -81,7 +81,7 @@ class Episode:
     def observation(self) -> dict:
         if self.image is None and self.reads:
             self.image = self.env.image()
-        return {**self.obs, metaworld.IMAGE_KEY: self.image} if self.reads else self.obs
+        return {**self.obs, self.env.image_key: self.image} if self.reads else self.obs
 
     def execute(self, actions, chunk: int) -> None:
         """Step through `actions`, of chunk number `chunk`: the first action of a chunk other than
@@ -134,13 +134,14 @@ def episode(env: metaworld.Env, policy, seed: int, index: int, chunking: Chunkin
 
 def run(policy, tasks: list[str], episodes: int, seed: int, n_action_steps: "Chunking | int", size: int,
         video_dir: Path | None = None, videos_per_task: int = 2, max_steps: int | None = None,
-        progress: bool = True) -> dict:
-    """{task: TaskResult} over `episodes` seeded episodes per task; MP4s of the first
-    `videos_per_task` episodes of each task into video_dir/<task>-<e>.mp4."""
+        progress: bool = True, camera: str = metaworld.CAMERA, shift: metaworld.Shift | None = None) -> dict:
+    """{task: TaskResult} over `episodes` seeded episodes per task, seen through `camera` in a
+    scene changed by `shift`; MP4s of the first `videos_per_task` episodes of each task into
+    video_dir/<task>-<e>.mp4."""
     results = {}
     total, done = len(tasks) * episodes, 0
     for task in tasks:
-        env = metaworld.Env(task, size)
+        env = metaworld.Env(task, size, camera, shift)
         result = results[task] = TaskResult()
         for e in range(episodes):
             frames = [] if video_dir is not None and e < videos_per_task else None
