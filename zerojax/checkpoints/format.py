@@ -63,8 +63,9 @@ class ExportJob:
     """What `zerojax export` asks a format's writer to write: the saved run's config (a dict) at
     `step`, its leaves' true shapes (adapters merged in where --merge says so), each leaf's blocks
     from `blocks_of(path)` (one saved shard of one leaf at a time), and, computed when a writer
-    asks, the stacks of its model (`stacked()`) and its LoRA's (rank, alpha) per kernel (`lora()`);
-    `dataset`: of a mixture run, the one dataset a format of one normalization writes (None: not
+    asks, the stacks of its model (`stacked()`), its LoRA's (rank, alpha) per kernel (`lora()`) and
+    what a safetensors export carries beside its weights (`carried()`: the run's config, data
+    record and tokenizer, `train.export.run_metadata`); `dataset`: of a mixture run, the one dataset a format of one normalization writes (None: not
     named). The writer writes to `out`, where nothing is, and makes it appear only once complete."""
 
     out: Path
@@ -77,6 +78,7 @@ class ExportJob:
     blocks_of: Callable
     stacked: Callable[[], tuple]
     lora: Callable[[], dict]
+    carried: Callable[[], dict] = dict
     dataset: str | None = None
 
 

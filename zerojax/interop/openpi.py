@@ -216,11 +216,9 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtyp
 
 def write(job) -> tuple[int, int]:
     """`zerojax export --format openpi` (`zerojax.checkpoints.openpi`): `save` of an `ExportJob`,
-    with what a safetensors export carries beside its weights (`train.export.run_metadata`)."""
-    from zerojax.train.export import run_metadata  # the export engine's record, shared by its formats
-
+    with what a safetensors export carries beside its weights (`ExportJob.carried`)."""
     return save(job.out, job.run_dir, job.config["model"], job.shapes, job.blocks_of, dtype=job.dtype,
-                record=run_metadata(job.run_dir, job.config, job.step))
+                record=job.carried())
 
 
 def load(directory, given: dict | None = None):

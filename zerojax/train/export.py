@@ -161,7 +161,7 @@ def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: 
     leaf's blocks from `blocks_of`."""
     job = checkpoints.ExportJob(out, Path(run_dir), config, step, shapes, dtype, max_shard_bytes, blocks_of,
                                 stacked=lambda: _stacked(config["model"]), lora=lambda: _lora_settings(config),
-                                dataset=dataset)
+                                carried=lambda: run_metadata(run_dir, config, step), dataset=dataset)
     return checkpoints.call(checkpoints.named(fmt).write, job)
 
 
