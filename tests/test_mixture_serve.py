@@ -107,15 +107,6 @@ def test_each_dataset_is_served_with_its_own_statistics_cameras_and_widths(run_d
                                    atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["lerobot", "openpi"])
-def test_lerobot_and_openpi_exports_which_hold_one_normalization_are_refused_naming_the_one_that_serves(run_dir,
-                                                                                                      fmt, tmp_path):
-    with pytest.raises(ConfigError, match=f"holds one normalization: --format {fmt} cannot write it. `zerojax export "
-                                          f"{run_dir} --out FILE.safetensors` carries every dataset's"):
-        export.export(run_dir, tmp_path / "out", fmt=fmt)
-    assert not list(tmp_path.iterdir())  # refused before anything is written
-
-
 def test_a_request_names_its_dataset_by_directory_or_name(served, frames, robot_b):
     observations, _, which = frames
     r = int(np.flatnonzero(which == 1)[0])

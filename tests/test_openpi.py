@@ -17,10 +17,11 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from conftest import ROOT, run
+from conftest import ROOT, robot_observation, run
 from zerojax import cli
 from zerojax.errors import ConfigError
 from zerojax.interop import openpi
+from zerojax.serve import loaders
 from zerojax.train.export import export, load_model
 
 DATASET = ROOT / "tests" / "fixtures" / "lerobot" / "tiny"
@@ -93,6 +94,17 @@ def test_the_assets_hold_the_datasets_statistics(exported):
             np.testing.assert_allclose(stats[key][stat], want, rtol=1e-6, err_msg=f"{key}.{stat}")
     read = openpi.norm_stats(out)
     np.testing.assert_allclose(read["action"]["q99"], stats["actions"]["q99"])
+
+
+def test_zerojax_serve_of_the_export_answers_as_the_run(exported):
+    """`zerojax serve DIR` of the export (its zerojax.json: the run's config, lerobot.json and
+    tokenizer; the statistics from assets/tiny/) answers a robot's observation as the run does."""
+    _, run_dir, out = exported
+    from_run, from_export = (loaders.load(d, num_steps=3, seed=1) for d in (run_dir, out))
+    for request in range(2):
+        obs = robot_observation(from_run, seed=request)
+        np.testing.assert_allclose(from_export.infer(obs, request)["actions"], from_run.infer(obs, request)["actions"],
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("exported", ["pi0"], indirect=True)  # one family: the reading path is the same

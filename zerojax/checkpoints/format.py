@@ -17,8 +17,8 @@ The parts are "module:function" references, as Python's entry points are, resolv
 the part of zerojax that uses them: the config resolves model_keys and run_keys, `interop` read
 and keep, `train.export` write, `serve` serve. So a record imports nothing above this package,
 and a format's heavy modules (orbax, jax) load only when its files are read. An empty part: the
-format does not do that (a PEFT directory holds no model to start from; an openpi checkpoint is
-not served as it is).
+format does not do that (a PEFT directory holds no model to start from; a Hugging Face model is
+not a policy to serve).
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ class ExportJob:
     """What `zerojax export` asks a format's writer to write: the saved run's config (a dict) at
     `step`, its leaves' true shapes (adapters merged in where --merge says so), each leaf's blocks
     from `blocks_of(path)` (one saved shard of one leaf at a time), and, computed when a writer
-    asks, the stacks of its model (`stacked()`) and its LoRA's (rank, alpha) per kernel (`lora()`).
-    The writer writes to `out`, where nothing is, and makes it appear only once complete."""
+    asks, the stacks of its model (`stacked()`), its LoRA's (rank, alpha) per kernel (`lora()`) and
+    what a safetensors export carries beside its weights (`carried()`: the run's config, data
+    record and tokenizer, `train.export.run_metadata`); `dataset`: of a mixture run, the one dataset a format of one normalization writes (None: not
+    named). The writer writes to `out`, where nothing is, and makes it appear only once complete."""
 
     out: Path
     run_dir: Path
@@ -76,6 +78,8 @@ class ExportJob:
     blocks_of: Callable
     stacked: Callable[[], tuple]
     lora: Callable[[], dict]
+    carried: Callable[[], dict] = dict
+    dataset: str | None = None
 
 
 # name -> "module:attribute" of its record; `detect` tries them in this order, so a directory the

@@ -24,6 +24,9 @@ def arguments(export: Parser) -> None:
                              "lerobot: a pi0, pi05 or smolvla run as LeRobot's from_pretrained loads it (0.6's layout with "
                              "processor files; 0.3's for a run that started from a 0.3 checkpoint); openpi: a pi0 or pi05 run "
                              "as openpi's restore_params loads it (params/ orbax tree, assets/ norm_stats.json)")
+    export.add_argument("--dataset", metavar="NAME",
+                        help="lerobot, of a mixture run (data.source=mixture): the dataset whose policy to write (its "
+                             "directory or that directory's name), with its statistics, cameras and widths")
     export.add_argument("--merge", action="store_true",
                         help="hf, lerobot or openpi, of a LoRA run: the adapters merged into the weights")
     export.add_argument("--max-shard-size", type=parse_count, default=5e9, metavar="SIZE",
@@ -42,8 +45,11 @@ def run(args) -> int:
     out = Path(args.out)
     if args.format == "safetensors" and out.suffix != ".safetensors":
         raise UsageError(f"--out {args.out!r} must end in .safetensors (or use --format hf for a directory)")
+    if args.dataset is not None and args.format != "lerobot":
+        raise UsageError(f"--dataset picks one dataset of a mixture run for --format lerobot, which holds one "
+                         f"normalization; --format {args.format} carries every dataset's: drop --dataset")
     done = export_lib.export(Path(args.run_dir), out, args.dtype, args.step, args.format, int(args.max_shard_size),
-                             merge=args.merge, weights=args.weights)
+                             merge=args.merge, weights=args.weights, dataset=args.dataset)
     print(json.dumps(done) if args.json else
           f"zerojax: wrote {done['out']} ({args.format}): {done['tensors']} tensors, {done['params']:,} parameters "
           f"({args.dtype}, {done['weights']} weights) from step {done['step']}")

@@ -31,8 +31,11 @@ mesh and any process count, each process building only its rows.
 A mixture's run writes mixture.json (each dataset's weight and lerobot.json record: its features
 and statistics) and no lerobot.json. Its safetensors export carries the file, and `zerojax serve`
 of either reads each request with the statistics of the dataset it names (zerojax/serve/mixture.py).
-`zerojax export --format lerobot` and `--format openpi` refuse such a run (`export_refusal`): each
-of those formats holds one normalization.
+A dataset's name (`names`) is its directory as data.mixture names it, or that directory's own name
+where no other dataset of the mixture shares it. Its openpi export holds one assets/<asset_id>/
+entry a dataset (`asset_ids`), as an openpi checkpoint holds one a robot; a LeRobot policy holds
+one normalization, so `zerojax export --format lerobot --dataset NAME` writes one dataset's
+(`record_of`: its statistics, cameras and widths).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import dataclasses
 import json
 import math
 import os
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -188,12 +192,51 @@ class MixtureSource:
         return self.present[self.draw(split, step)[0][rows]]
 
 
-def export_refusal(run_dir, fmt: str, what: str) -> str:
-    """Why --format `fmt` does not write a mixture run, and what serves each of its datasets."""
-    return (f"{run_dir} trained on a mixture of datasets (data.source=mixture; mixture.json holds each one's "
-            f"statistics), and {what} holds one normalization: --format {fmt} cannot write it. `zerojax export "
-            f"{run_dir} --out FILE.safetensors` carries every dataset's, and `zerojax serve FILE.safetensors` answers "
-            "each robot in its own units, the request naming its dataset ('dataset')")
+def names(roots: list[str]) -> dict[str, int]:
+    """{a name a request or --dataset may give: the dataset's index}: each dataset's directory as
+    data.mixture names it, and the directory's own name where no other dataset of the mixture has it."""
+    short = [Path(root).name for root in roots]
+    out = {root: i for i, root in enumerate(roots)}
+    out.update({name: i for i, name in enumerate(short) if short.count(name) == 1 and name not in out})
+    return out
+
+
+def choices(roots: list[str]) -> str:
+    """The datasets' names for a message: 'short' (directory), or the directory alone."""
+    given = names(roots)
+    short = {i: name for name, i in given.items() if name not in roots}
+    return ", ".join(f"{short[i]!r} ({root})" if i in short else repr(root) for i, root in enumerate(roots))
+
+
+def asset_ids(roots: list[str]) -> list[str]:
+    """Each dataset's asset id in an openpi export (assets/<asset_id>/norm_stats.json): its
+    directory's own name where no other dataset of the mixture shares it (as a single dataset's
+    export names its one asset), else its directory as data.mixture names it, relative (openpi's
+    asset ids may hold a "/"); ConfigError where that does not tell two apart, or climbs out of
+    assets/ ("..")."""
+    short = [Path(root).name for root in roots]
+    out = [name if short.count(name) == 1 else PurePosixPath(root).as_posix().lstrip("/")
+           for name, root in zip(short, roots)]
+    odd = [root for root, asset in zip(roots, out) if ".." in PurePosixPath(asset).parts or out.count(asset) > 1]
+    if odd:
+        raise ConfigError(f"data.mixture's dataset {odd[0]!r} shares its directory's name with another, and its path "
+                          "does not tell them apart inside assets/: no openpi asset id names it; give the datasets "
+                          "distinct directory names")
+    return out
+
+
+def record_of(run_dir, dataset: str | None) -> dict:
+    """The lerobot.json record (features, statistics, fps) of the dataset `dataset` names in the
+    mixture run's mixture.json, for a format that holds one normalization; ConfigError naming the
+    datasets where `dataset` is None or names none of them."""
+    doc = json.loads((Path(run_dir) / RUN_FILE).read_text())
+    roots = [d["dataset"] for d in doc["datasets"]]
+    given = names(roots)
+    if dataset not in given:
+        what = (f"--dataset {dataset!r} names none of them" if dataset is not None else
+                "LeRobot's policy directory holds one dataset's normalization: give --dataset NAME")
+        raise ConfigError(f"{run_dir} trained on a mixture of datasets (data.source=mixture): {choices(roots)}; {what}")
+    return doc["datasets"][given[dataset]]["lerobot.json"]
 
 
 def pad_last(x: np.ndarray, width: int) -> np.ndarray:

@@ -28,10 +28,13 @@ from zerojax.models.family import ACTION, CAMERA, STATE
 ALIAS = "alias:"  # an export's second name for a leaf's tensor (LeRobotLayout.aliases)
 
 
-def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
+def _run_policy(run_dir: Path, dataset: str | None = None) -> tuple[dict, dict, dict]:
     """(config.json to start from, {feature: {stat: array}}, the data's {features, modes} or {})
     of a run: RUN_DIR/lerobot_init/ (it started from a LeRobot checkpoint) and RUN_DIR/lerobot.json
-    (it trained on a LeRobot dataset; its statistics win: the model learnt in their space)."""
+    (it trained on a LeRobot dataset; its statistics win: the model learnt in their space), or of
+    a mixture run the record of the dataset `dataset` names (`mixture.record_of`: its statistics,
+    its own cameras and widths; the mixture's camera slots it lacks were masked, and a masked slot
+    changes no action, so LeRobot's layout of its own cameras answers as the mixture's did)."""
     from safetensors.numpy import load_file
 
     init = run_dir / INIT_DIR
@@ -41,11 +44,15 @@ def _run_policy(run_dir: Path) -> tuple[dict, dict, dict]:
         for key, value in load_file(init / STATS_FILE).items():
             feature, stat = key.rsplit(".", 1)
             stats.setdefault(feature, {})[stat] = value
-    if (run_dir / mixture.RUN_FILE).is_file():  # data.source=mixture: no one dataset's statistics to write
-        raise ConfigError(mixture.export_refusal(run_dir, "lerobot", "LeRobot's policy directory"))
+    mixed = (run_dir / mixture.RUN_FILE).is_file()
+    if dataset is not None and not mixed:
+        raise ConfigError(f"--dataset {dataset!r} picks a dataset of a mixture run (data.source=mixture); {run_dir} "
+                          "trained on one dataset: drop --dataset")
     data = {}
-    if (run_dir / "lerobot.json").is_file():
+    doc = mixture.record_of(run_dir, dataset) if mixed else None
+    if doc is None and (run_dir / "lerobot.json").is_file():
         doc = read_json_object(run_dir / "lerobot.json", "a run's LeRobot dataset record")
+    if doc is not None:
         data = {"features": doc["features"], "modes": {k: v["mode"] for k, v in doc["normalization"].items()},
                 "fps": doc.get("fps", 0.0), "relative": doc.get(RELATIVE)}
         stats = {k: {s: np.asarray(x, np.float32) for s, x in v.items() if s != "mode"}
@@ -100,18 +107,19 @@ def stat_tensors(config: dict, stats: dict) -> dict:
 
 
 def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str, ...], blocks_of, *,
-         dtype: str = "float32", tokenizer: str = "") -> tuple[int, int]:
+         dtype: str = "float32", tokenizer: str = "", dataset: str | None = None) -> tuple[int, int]:
     """A LeRobot policy directory at `out` (what `zerojax export --format lerobot` writes):
     config.json, model.safetensors and, in 0.6's layout, the processor files (module docstring).
     0.3's layout where the run started from a 0.3 checkpoint, else 0.6's. `shapes`: zerojax path ->
     true shape; `blocks_of(path)` yields a leaf's pieces; `tokenizer`: the run's data.tokenizer (the
-    processor files name it). Written to `out`.tmp, renamed once complete. Returns (bytes, tensors)."""
+    processor files name it; `dataset`: of a mixture run, the dataset whose policy it is). Written
+    to `out`.tmp, renamed once complete. Returns (bytes, tensors)."""
     from zerojax.interop.hf import hf_tensors
 
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
     layout = registry.lerobot_layout(model["family"])
-    config, stats, data, v03 = _export_config(run_dir, model, layout, tokenizer)
+    config, stats, data, v03 = _export_config(run_dir, model, layout, tokenizer, dataset)
     extra = {f"lerobot:{name}": value for name, value in stat_tensors(config, stats).items()} if v03 else {}
     steps = None if v03 else processors.steps_of(_kept_processors(run_dir), layout.processors and
                                                  layout.processors(config))
@@ -161,13 +169,14 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, stacked: tuple[str
 def write(job) -> tuple[int, int]:
     """`zerojax export --format lerobot` (`zerojax.checkpoints.lerobot`): `save` of an `ExportJob`."""
     return save(job.out, job.run_dir, job.config["model"], job.shapes, job.stacked(), job.blocks_of, dtype=job.dtype,
-                tokenizer=job.config["data"].get("tokenizer", ""))
+                tokenizer=job.config["data"].get("tokenizer", ""), dataset=job.dataset)
 
 
-def _export_config(run_dir: Path, model: dict, layout, tokenizer: str) -> tuple[dict, dict, dict, bool]:
+def _export_config(run_dir: Path, model: dict, layout, tokenizer: str,
+                   dataset: str | None) -> tuple[dict, dict, dict, bool]:
     """(config.json, statistics, the data's record, whether LeRobot 0.3's layout) of the export,
     checked before anything is written: features to name, and the tokenizer it will carry."""
-    base, stats, data = _run_policy(run_dir)
+    base, stats, data = _run_policy(run_dir, dataset)
     config = layout.to_config(model, base)
     v03 = layout.legacy(config)
     if data:

@@ -23,8 +23,14 @@ LoRA `lora_a`/`lora_b`) is refused, not half-read. The run keeps assets/ in RUN_
 Out: `save` (`zerojax export --format openpi`) writes DIR/params with orbax's PyTreeCheckpointer
 as openpi's released checkpoints hold it ({"params": pure dict}, no "value") and DIR/assets: the
 run's LeRobot dataset's statistics (RUN_DIR/lerobot.json, completed from the dataset's
-meta/stats.json where it is still there) under the dataset's name, else the assets the run
-started from. Host memory holds the whole model: orbax writes one tree.
+meta/stats.json where it is still there) under the dataset's name; a mixture run's, one asset a
+dataset under its name (`mixture.asset_ids`), as openpi's own checkpoints hold one asset a robot
+and its `create_trained_policy` picks one by the TrainConfig's asset_id; else the assets the run
+started from. Host memory holds the whole model: orbax writes one tree. Beside them ZEROJAX_FILE
+holds what a safetensors export carries in its metadata (`train.export.run_metadata`: the run's
+config, its lerobot.json or mixture.json, its tokenizer), which openpi keeps in its code (a
+TrainConfig) and ignores here, so that `zerojax serve DIR` serves it (`served_record`: a mixture
+run's request names its dataset, answered with its asset's statistics).
 
     cfg, model = zerojax.interop.openpi.load(DIR)   # one device, fp32
 """
@@ -36,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zerojax.config.hf_config import ZEROJAX_FILE
 from zerojax.config.openpi_dir import ASSETS, INIT_DIR, NORM_STATS, PARAMS, STATS, read_assets
 from zerojax.data import mixture
 from zerojax.data.lerobot.relative import RECORD as RELATIVE
@@ -86,32 +93,61 @@ def init_files(directory) -> dict:
 
 def _run_assets(run_dir: Path) -> dict:
     """{asset_id: {openpi key: {stat: list}}} for the export: the run's LeRobot dataset's
-    statistics (RUN_DIR/lerobot.json, the stats its modes kept, the rest of mean/std/q01/q99 from
-    the dataset's meta/stats.json where it is still there), else the assets the run started from
-    (RUN_DIR/openpi_init/); ConfigError if it has neither, or lacks mean and std."""
+    statistics (RUN_DIR/lerobot.json), a mixture run's datasets' (RUN_DIR/mixture.json: one asset
+    a dataset, `mixture.asset_ids`), else the assets the run started from (RUN_DIR/openpi_init/);
+    ConfigError if it has none, or lacks mean and std."""
+    if (run_dir / mixture.RUN_FILE).is_file():
+        datasets = json.loads((run_dir / mixture.RUN_FILE).read_text())["datasets"]
+        ids = mixture.asset_ids([d["dataset"] for d in datasets])
+        return {asset: _record_assets(run_dir, d["lerobot.json"]) for asset, d in zip(ids, datasets)}
     record = run_dir / "lerobot.json"
     if record.is_file():
         doc = json.loads(record.read_text())
-        stats = {k: {s: v for s, v in n.items() if s != "mode"} for k, n in doc["normalization"].items()}
-        source = Path(doc.get("dataset", "")) / "meta" / "stats.json"
-        if source.is_file():  # the absolute statistics: never a relative action's (lerobot.json holds all of those)
-            for key, kept in json.loads(source.read_text()).items():
-                if key in stats and not (key == ACTION and doc.get(RELATIVE)):
-                    stats[key].update({s: v for s, v in kept.items() if s in STATS and s not in stats[key]})
-        names = {v: k for k, v in FEATURES.items()}
-        out = {names[k]: {s: np.asarray(v, np.float32).reshape(-1).tolist() for s, v in st.items() if s in STATS}
-               for k, st in stats.items() if k in names}
-        missing = [f"{k}.{s}" for k, st in out.items() for s in ("mean", "std") if s not in st]
-        if missing:
-            raise ConfigError(f"{run_dir}: the run's statistics lack {', '.join(missing)}, which openpi's NormStats "
-                              f"requires (the dataset's meta/stats.json at {source.parent.parent} holds none)")
-        return {Path(doc.get("dataset", "dataset")).name: out}
+        return {Path(doc.get("dataset", "dataset")).name: _record_assets(run_dir, doc)}
     kept = run_dir / INIT_DIR
     if (kept / ASSETS).is_dir():
         return {k: {key: {s: v.tolist() for s, v in st.items()} for key, st in a.items()}
                 for k, a in read_assets(kept).items()}
     raise ConfigError(f"{run_dir} neither trained on a LeRobot dataset (data.source=lerobot:DIR) nor started from "
                       f"an openpi checkpoint (model.init_from): it has no normalization statistics for {ASSETS}/")
+
+
+def _record_assets(run_dir: Path, doc: dict) -> dict:
+    """{openpi key: {stat: list}} of a dataset's lerobot.json record: the stats its modes kept, the
+    rest of mean/std/q01/q99 from the dataset's meta/stats.json where it is still there."""
+    stats = {k: {s: v for s, v in n.items() if s != "mode"} for k, n in doc["normalization"].items()}
+    source = Path(doc.get("dataset", "")) / "meta" / "stats.json"
+    if source.is_file():  # the absolute statistics: never a relative action's (lerobot.json holds all of those)
+        for key, kept in json.loads(source.read_text()).items():
+            if key in stats and not (key == ACTION and doc.get(RELATIVE)):
+                stats[key].update({s: v for s, v in kept.items() if s in STATS and s not in stats[key]})
+    names = {v: k for k, v in FEATURES.items()}
+    out = {names[k]: {s: np.asarray(v, np.float32).reshape(-1).tolist() for s, v in st.items() if s in STATS}
+           for k, st in stats.items() if k in names}
+    missing = [f"{k}.{s}" for k, st in out.items() for s in ("mean", "std") if s not in st]
+    if missing:
+        raise ConfigError(f"{run_dir}: the statistics of {doc.get('dataset', 'its dataset')} lack "
+                          f"{', '.join(missing)}, which openpi's NormStats requires (the dataset's meta/stats.json at "
+                          f"{source.parent.parent} holds none)")
+    return out
+
+
+def served_record(directory: Path, doc: dict) -> dict:
+    """A zerojax openpi export's data record (its lerobot.json or mixture.json, ZEROJAX_FILE), each
+    dataset's statistics read from its assets/<asset_id>/norm_stats.json (openpi's one source of
+    them; the modes stay the record's: openpi keeps those in its TrainConfig); ConfigError naming
+    the assets there where one is missing."""
+    doc = json.loads(json.dumps(doc))  # a copy, its lists fresh
+    records = [d["lerobot.json"] for d in doc["datasets"]] if "datasets" in doc else [doc]
+    assets = read_assets(directory)
+    for asset, record in zip(mixture.asset_ids([r.get("dataset", "dataset") for r in records]), records):
+        if asset not in assets:
+            raise ConfigError(f"{directory}/{ASSETS}/{asset}/{NORM_STATS}: no such file, the statistics of "
+                              f"{record.get('dataset')}; its {ASSETS}/ holds {', '.join(assets)}")
+        stats = {FEATURES.get(key, key): value for key, value in assets[asset].items()}
+        for key, norm in record["normalization"].items():
+            norm.update({s: stats[key][s].tolist() for s in norm if s in stats.get(key, {})})
+    return doc
 
 
 def _whole(blocks_of, path: str, shape: tuple) -> np.ndarray:
@@ -132,17 +168,17 @@ def _nested(flat: dict) -> dict:
     return out
 
 
-def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtype: str = "float32") -> tuple[int, int]:
+def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtype: str = "float32",
+         record: dict | None = None) -> tuple[int, int]:
     """An openpi checkpoint directory at `out` (what `zerojax export --format openpi` writes):
-    params/ (orbax, {"params": the tree}) and assets/<asset_id>/norm_stats.json. Written to
-    `out`.tmp and renamed once complete. Returns (bytes, leaves)."""
+    params/ (orbax, {"params": the tree}), assets/<asset_id>/norm_stats.json and, given, `record`
+    as ZEROJAX_FILE (module docstring). Written to `out`.tmp and renamed once complete. Returns
+    (bytes, leaves)."""
     import ml_dtypes
     import orbax.checkpoint as ocp
 
     if out.exists():
         raise ConfigError(f"--out {str(out)!r} already exists; give a new directory")
-    if (Path(run_dir) / mixture.RUN_FILE).is_file():  # data.source=mixture: each dataset's statistics, not one set
-        raise ConfigError(mixture.export_refusal(run_dir, "openpi", "openpi's checkpoint (one assets/ entry a policy)"))
     layouts = registry.openpi_layouts()
     if model["family"] not in layouts:
         raise ConfigError(f"model.family={model['family']}: no openpi layout; --format openpi writes "
@@ -172,13 +208,17 @@ def save(out: Path, run_dir: Path, model: dict, shapes: dict, blocks_of, *, dtyp
     for asset_id, stats in assets.items():
         (tmp / ASSETS / asset_id).mkdir(parents=True, exist_ok=True)
         (tmp / ASSETS / asset_id / NORM_STATS).write_text(json.dumps({"norm_stats": stats}, indent=2))
+    if record is not None:
+        (tmp / ZEROJAX_FILE).write_text(json.dumps(record, indent=1))
     tmp.rename(out)  # the directory appears only once complete
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file()), len(tree)
 
 
 def write(job) -> tuple[int, int]:
-    """`zerojax export --format openpi` (`zerojax.checkpoints.openpi`): `save` of an `ExportJob`."""
-    return save(job.out, job.run_dir, job.config["model"], job.shapes, job.blocks_of, dtype=job.dtype)
+    """`zerojax export --format openpi` (`zerojax.checkpoints.openpi`): `save` of an `ExportJob`,
+    with what a safetensors export carries beside its weights (`ExportJob.carried`)."""
+    return save(job.out, job.run_dir, job.config["model"], job.shapes, job.blocks_of, dtype=job.dtype,
+                record=job.carried())
 
 
 def load(directory, given: dict | None = None):

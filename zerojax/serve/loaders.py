@@ -1,7 +1,8 @@
 """The ways a policy comes to be served, each a `ServedPolicy` compiled and warmed up by `load`
 (openpi's `create_trained_policy`): a run directory's checkpoint with its lerobot.json
 (`run_policy`), or a checkpoint whose format's record names a server (`zerojax.checkpoints`): a
-safetensors file `zerojax export` wrote of such a run (`export_policy`), and a LeRobot policy
+safetensors file `zerojax export` wrote of such a run (`export_policy`), an openpi checkpoint
+directory `zerojax export --format openpi` wrote of one (`openpi_policy`), and a LeRobot policy
 directory, served as LeRobot runs it (`lerobot_policy`). Each refuses, before any
 weight is read, what is not a policy trained on LeRobot data (ConfigError). A mixture run (or
 its export) is served from its mixture.json instead of a lerobot.json: each request names its
@@ -74,6 +75,44 @@ def export_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None,
     saved, step, metadata, weights = export.read_export(target)
     where = f"{target} (exported at step {step})"
     check_family(saved, where)
+    doc, tokenizer = _carried(target, saved, metadata)
+    model = export.exported_model(saved, weights, str(target))
+    return _served(where, model, doc, tokenizer, saved, num_steps, seed)
+
+
+def openpi_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None, vision_heads=None) -> ServedPolicy:
+    """An openpi checkpoint directory `zerojax export --format openpi` wrote of a policy run
+    (`zerojax.checkpoints.openpi`): its params/ read as `model.init_from` reads them, into the model
+    of the run's config, which its ZEROJAX_FILE carries with the run's lerobot.json or mixture.json
+    and tokenizer (export.run_metadata); each dataset's statistics are its assets/<asset_id>/'s
+    (`interop.openpi.served_record`), so a mixture's request names its dataset as with any export."""
+    from zerojax.config.hf_config import ZEROJAX_FILE
+    from zerojax.config.sections import ModelConfig
+    from zerojax.interop import hf, openpi
+    from zerojax.train import export
+
+    _no_checkpoint_flags(target, tokenizer, vision_heads)
+    if step is not None:
+        raise ConfigError(f"--step {step} picks a checkpoint of a run directory; {target} is an openpi checkpoint "
+                          "(one step): drop --step")
+    if not (target / ZEROJAX_FILE).is_file():
+        raise ConfigError(f"{target} is an openpi checkpoint without {ZEROJAX_FILE}: openpi keeps a policy's features, "
+                          "prompt and transforms in its code (a TrainConfig), not in the directory, so zerojax serve "
+                          "takes one that `zerojax export --format openpi` wrote, which records them there")
+    metadata = json.loads((target / ZEROJAX_FILE).read_text())
+    saved = json.loads(metadata[export.CONFIG_KEY])
+    where = f"{target} (openpi export of step {metadata.get(export.STEP_KEY)})"
+    check_family(saved, where)
+    doc, tokenizer = _carried(target, saved, metadata)
+    model = hf.one_device(ModelConfig(**{**saved["model"], "init_from": str(target)}))
+    return _served(where, model, openpi.served_record(target, doc), tokenizer, saved, num_steps, seed)
+
+
+def _carried(target: Path, saved: dict, metadata: dict) -> tuple[dict, object]:
+    """(the run's lerobot.json or mixture.json, its tokenizer or None) an export carries beside its
+    weights (export.run_metadata); ConfigError where it lacks either."""
+    from zerojax.train import export
+
     doc_text = metadata.get(export.RUN_FILE_KEY.format(name="lerobot.json"))
     mixture = metadata.get(export.RUN_FILE_KEY.format(name=MIXTURE_FILE))
     if doc_text is None and mixture is None:
@@ -88,8 +127,7 @@ def export_policy(target: Path, step, num_steps: int, seed: int, tokenizer=None,
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(metadata[export.TOKENIZER_KEY])
-    model = export.exported_model(saved, weights, str(target))
-    return _served(where, model, json.loads(mixture or doc_text), tokenizer, saved, num_steps, seed)
+    return json.loads(mixture or doc_text), tokenizer
 
 
 def run_policy(target: Path, step, num_steps: int, seed: int) -> ServedPolicy:

@@ -23,20 +23,10 @@ record) and the camera slots; a safetensors export carries it in its metadata (e
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from zerojax.data.lerobot.relative import RECORD as RELATIVE
+from zerojax.data.mixture import choices, names
 from zerojax.models.family import STATE
 from zerojax.serve.observation import DATASET, ObservationError, Observations, width
-
-
-def names(roots: list[str]) -> dict[str, int]:
-    """{a name a request may give: the dataset's index}: each dataset's directory as data.mixture
-    names it, and the directory's own name where no other dataset of the mixture has it."""
-    short = [Path(root).name for root in roots]
-    out = {root: i for i, root in enumerate(roots)}
-    out.update({name: i for i, name in enumerate(short) if short.count(name) == 1 and name not in out})
-    return out
 
 
 class Datasets:
@@ -75,8 +65,7 @@ class Datasets:
         return self.members[self.names[given]]
 
     def choices(self) -> str:
-        short = {i: name for name, i in self.names.items() if name not in self.roots}
-        return ", ".join(f"{short[i]!r} ({root})" if i in short else repr(root) for i, root in enumerate(self.roots))
+        return choices(self.roots)
 
     def robot_actions(self, actions, state, datasets) -> list:
         """Each row's chunk [H, chunk width] cut to its dataset's action width and unnormalized with

@@ -90,7 +90,8 @@ def _open_run(run_dir: Path, step: int | None):
 
 
 def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = None, fmt: str = "safetensors",
-           max_shard_bytes: int = 5 * 10**9, merge: bool = False, weights: str | None = None) -> dict:
+           max_shard_bytes: int = 5 * 10**9, merge: bool = False, weights: str | None = None,
+           dataset: str | None = None) -> dict:
     """Write the weights of a checkpoint: `safetensors`, one file named by zerojax's parameter
     paths; `hf`, a Hugging Face directory (config.json, shards with HF names, index), of a LoRA
     run with its adapters merged (`merge`); `peft`, a LoRA run's adapters as PEFT writes them;
@@ -99,7 +100,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     Each leaf is read a saved shard at a time and written into place, so host memory holds one
     shard of one leaf (and a kernel's adapters), not the model; what is written appears only
     once complete. `weights`: `ema` (the trained leaves' optim.ema average, beside the frozen
-    ones), `raw`, or None: ema when the checkpoint holds one."""
+    ones), `raw`, or None: ema when the checkpoint holds one. `dataset`: of a mixture run, the
+    dataset whose policy `lerobot` writes (a LeRobot policy holds one normalization)."""
     _check_out(fmt, out)
     mgr, step, meta = _open_run(run_dir, step)
     shapes = {p: tuple(s) for p, s in meta["param_shapes"].items()}
@@ -111,7 +113,8 @@ def export(run_dir: Path, out: Path, dtype: str = "float32", step: int | None = 
     if merge:
         blocks_of = _merged(blocks_of, shapes, _lora_settings(meta["config"]))
         shapes = {p: s for p, s in shapes.items() if not is_adapter(p)}
-    written, count = _write(fmt, out, run_dir, meta["config"], step, shapes, dtype, max_shard_bytes, blocks_of)
+    written, count = _write(fmt, out, run_dir, meta["config"], step, shapes, dtype, max_shard_bytes, blocks_of,
+                            dataset)
     mgr.close()
     return {"step": step, "format": fmt, "weights": weights, "tensors": count, "params": int(sum(math.prod(s) for s in shapes.values())),
             "bytes": written, "out": str(out), "largest_leaf_bytes": 4 * max(math.prod(s) for s in shapes.values())}
@@ -153,11 +156,12 @@ def _check_adapters(run_dir: Path, fmt: str, merge: bool, shapes: dict, meta: di
 
 
 def _write(fmt: str, out: Path, run_dir: Path, config: dict, step: int, shapes: dict, dtype: str,
-           max_shard_bytes: int, blocks_of) -> tuple[int, int]:
+           max_shard_bytes: int, blocks_of, dataset: str | None = None) -> tuple[int, int]:
     """(bytes written, tensors) of the export of `shapes` in `fmt`, by its format's writer, each
     leaf's blocks from `blocks_of`."""
     job = checkpoints.ExportJob(out, Path(run_dir), config, step, shapes, dtype, max_shard_bytes, blocks_of,
-                                stacked=lambda: _stacked(config["model"]), lora=lambda: _lora_settings(config))
+                                stacked=lambda: _stacked(config["model"]), lora=lambda: _lora_settings(config),
+                                carried=lambda: run_metadata(run_dir, config, step), dataset=dataset)
     return checkpoints.call(checkpoints.named(fmt).write, job)
 
 
