@@ -178,7 +178,7 @@ def test_the_start_line_names_what_a_policy_from_scratch_left_at_the_defaults():
     cfg, origins = config.load_with_origins(ROOT / "configs" / "pi05-metaworld-tiny.yaml")
     line = policy_keys.describe(origins, cfg)
     assert "from the config: action_horizon=8 image_size=32 prompt_len=208 lr=0.001" in line, line
-    assert "decay_steps=0 final_lr=None norm_state=min_max norm_action=min_max;" in line, line
+    assert "decay_steps=0 final_lr=None norm_state=min_max norm_action=min_max norm_eps=1e-05;" in line, line
     assert "from the family's recipe: b1=0.9 b2=0.95 eps=1e-08 decay_mask=all clip_norm=1 schedule=cosine;" in line, line
     assert "defaults: tokenizer='' relative=False" in line, line
 
@@ -194,6 +194,7 @@ def test_a_policy_from_scratch_takes_its_familys_recipe_not_the_tiny_gpts(family
     o, d = cfg.optim, cfg.data
     assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (lr, 0.9, 0.95, 1e-8, decay, clip)
     assert o.decay_mask == "all" and origins["optim.decay_mask"] == "family's recipe"  # torch's AdamW: every parameter
+    assert cfg.model.norm_eps == (1e-5 if family == "smolvla" else 1e-6)  # SmolVLM2's RMSNorm eps; Gemma's
     assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr) == ("cosine", 1000, 30000, 2.5e-6)
     assert (d.norm_state, d.norm_action) == (norm, norm)
     assert origins["optim.lr"] == origins["data.norm_action"] == "family's recipe"

@@ -44,5 +44,5 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 PRE = ("rename_observations_processor", "to_batch_processor", "pi0_new_line_processor", "tokenizer_processor",
        "device_processor", "relative_actions_processor", "normalizer_processor")
 # LeRobot 0.6.1's PI0Config: its optimizer and scheduler preset, MEAN_STD for the state and the action
-RECIPE = lerobot.preset(lr=2.5e-5, weight_decay=0.01, clip_norm=1.0, norm="mean_std")
+RECIPE = lerobot.preset(lr=2.5e-5, weight_decay=0.01, clip_norm=1.0, norm="mean_std", norm_eps=1e-6)  # Gemma's eps
 LEROBOT = paligemma_expert.layout("pi0", LEROBOT_TENSORS, lerobot_model_keys, to_lerobot_config, PRE)

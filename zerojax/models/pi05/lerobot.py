@@ -52,5 +52,5 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 PRE = ("rename_observations_processor", "to_batch_processor", "relative_actions_processor", "normalizer_processor",
        "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor", "device_processor")
 # LeRobot 0.6.1's PI05Config: π0's preset, QUANTILES for the state and the action
-RECIPE = lerobot.preset(lr=2.5e-5, weight_decay=0.01, clip_norm=1.0, norm="quantiles")
+RECIPE = lerobot.preset(lr=2.5e-5, weight_decay=0.01, clip_norm=1.0, norm="quantiles", norm_eps=1e-6)  # Gemma's eps
 LEROBOT = paligemma_expert.layout("pi05", LEROBOT_TENSORS, lerobot_model_keys, to_lerobot_config, PRE)

@@ -113,7 +113,8 @@ def to_lerobot_config(model: dict, base: dict) -> dict:
 
 
 # LeRobot 0.6.1's SmolVLAConfig: lr 1e-4, weight decay 1e-10, clipping at 10; MEAN_STD
-RECIPE = lerobot.preset(lr=1e-4, weight_decay=1e-10, clip_norm=10.0, norm="mean_std")
+RECIPE = lerobot.preset(lr=1e-4, weight_decay=1e-10, clip_norm=10.0, norm="mean_std",
+                        norm_eps=SMOLVLM2["rms_norm_eps"])
 LEROBOT = LeRobotLayout(type="smolvla", model_keys=lerobot_model_keys, tensors=LEROBOT_TENSORS,
                         to_config=to_lerobot_config,
                         unused=lambda model: {LM_HEAD: (model["vocab_size"], model["d_model"])},

@@ -18,15 +18,17 @@ from zerojax.models.family import Tensor
 POLICY_KEYS = ("chunk_size", "max_state_dim", "max_action_dim", "tokenizer_max_length")  # every family's config.json
 
 
-def preset(lr: float, weight_decay: float, clip_norm: float, norm: str) -> dict:
+def preset(lr: float, weight_decay: float, clip_norm: float, norm: str, norm_eps: float) -> dict:
     """A family's `Family.recipe` as LeRobot 0.6.1's policy config states it, which
     `use_policy_training_preset` applies: AdamW (betas 0.9 and 0.95, eps 1e-8) at `lr` with
     `weight_decay` on every parameter and gradient clipping at `clip_norm`, cosine_decay_with_warmup (1,000 warmup
     steps, a decay over 30,000 to 2.5e-6), and the state and the action normalized by `norm`
-    (normalization_mapping's STATE and ACTION, as zerojax names the mode)."""
+    (normalization_mapping's STATE and ACTION, as zerojax names the mode); and the epsilon its
+    language model's RMSNorms compute with (`norm_eps`: a checkpoint's model keys set it too)."""
     return {"optim.lr": lr, "optim.b1": 0.9, "optim.b2": 0.95, "optim.eps": 1e-8, "optim.weight_decay": weight_decay,
             "optim.decay_mask": "all", "optim.clip_norm": clip_norm, "optim.schedule": "cosine", "optim.warmup_steps": 1_000,
-            "optim.decay_steps": 30_000, "optim.final_lr": 2.5e-6, "data.norm_state": norm, "data.norm_action": norm}
+            "optim.decay_steps": 30_000, "optim.final_lr": 2.5e-6, "data.norm_state": norm, "data.norm_action": norm,
+            "model.norm_eps": norm_eps}
 
 
 def shape_reader(shapes: dict, where: str, family: str) -> Callable[[str], tuple]:
