@@ -43,9 +43,9 @@ class chdir:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """(run directory, its export, the run served, the export served from `/`): trained and
-    exported under umask 022 in a directory holding `tok/` (data.tokenizer=tok), which is removed
-    before the export is served."""
+    """(run directory, its export, the run served, the export served from `/`, its openpi export
+    served from `/`): trained and exported under umask 022 in a directory holding `tok/`
+    (data.tokenizer=tok), which is removed before the exports are served."""
     from zerojax import cli
     from zerojax.serve import loaders
 
@@ -56,18 +56,20 @@ def exported(tmp_path_factory):
         with chdir(out):
             run(TRAIN + [f"model.init_from={FIXTURE / 'pi05'}", "train.out_dir=run"])
             assert cli.main(["export", "run", "--format", "lerobot", "--out", "export"]) == 0
+            assert cli.main(["export", "run", "--format", "openpi", "--out", "openpi"]) == 0
             from_run = loaders.load(out / "run", num_steps=STEPS, seed=SEED)
     finally:
         os.umask(umask)
     shutil.rmtree(out / "tok")  # the run's tokenizer is gone: the export must carry its own
     with chdir("/"):
         from_export = loaders.load(out / "export", num_steps=STEPS, seed=SEED)
-    return out / "run", out / "export", from_run, from_export
+        from_openpi = loaders.load(out / "openpi", num_steps=STEPS, seed=SEED)
+    return out / "run", out / "export", from_run, from_export, from_openpi
 
 
 def test_the_export_served_from_root_without_flags_answers_as_the_run(exported):
     """Its tokenizer is its own copy (the processors name `tokenizer`, relatively to the export)."""
-    _, export, from_run, from_export = exported
+    _, export, from_run, from_export, _ = exported
     step = next(s for s in json.loads((export / "policy_preprocessor.json").read_text())["steps"]
                 if s["registry_name"] == "tokenizer_processor")
     assert step["config"]["tokenizer_name"] == "tokenizer" and (export / "tokenizer" / "tokenizer.json").is_file()
@@ -80,10 +82,21 @@ def test_the_export_served_from_root_without_flags_answers_as_the_run(exported):
                                    atol=1e-5)
 
 
+def test_the_openpi_export_served_from_root_without_flags_answers_as_the_run(exported):
+    """The same through openpi's layout: its zerojax.json carries the tokenizer itself."""
+    _, _, from_run, _, from_openpi = exported
+    rng = np.random.default_rng(1)
+    for request in range(2):
+        obs = {"observation.state": rng.standard_normal(from_run.state_dim), "prompt": "pick up the cube",
+               **{c: rng.integers(0, 256, from_run.observations.features[c]["shape"], dtype=np.uint8) for c in from_run.cameras}}
+        np.testing.assert_allclose(from_openpi.infer(obs, request)["actions"], from_run.infer(obs, request)["actions"],
+                                   atol=1e-5)
+
+
 def test_the_export_keeps_the_datasets_fps_and_names(exported):
     """The served export's metadata says the dataset's fps and action names (meta/info.json's), as
     the run's does; the state's names are kept too."""
-    _, _, from_run, from_export = exported
+    _, _, from_run, from_export, _ = exported
     info = json.loads((DATASET / "meta" / "info.json").read_text())
     meta = from_export.metadata()
     assert (meta["fps"], meta["action_names"]) == (info["fps"], info["features"]["action"]["names"]) == \
@@ -92,7 +105,7 @@ def test_the_export_keeps_the_datasets_fps_and_names(exported):
 
 
 def test_every_file_the_export_writes_is_readable_as_the_runs_are(exported):
-    run_dir, export, _, _ = exported
+    run_dir, export, _, _, _ = exported
     want = stat.S_IMODE((run_dir / "config.yaml").stat().st_mode)
     assert want == 0o644
     files = [p for p in export.rglob("*") if p.is_file()]
@@ -110,7 +123,7 @@ def test_the_exports_round_trip_needs_no_vision_head_count(exported, tmp_path):
     from zerojax.config import hf_model_keys
     from zerojax.interop import lerobot
 
-    _, export, _, _ = exported
+    _, export, _, _, _ = exported
     assert json.loads((export / "zerojax.json").read_text())["model"] == {"vision": {"n_heads": 2}}
     cfg = config.load(overrides=DATA + [f"data.tokenizer={export / 'tokenizer'}", f"model.init_from={export}"])
     assert cfg.model.vision.n_heads == 2
