@@ -288,6 +288,7 @@ def test_an_openpi_checkpoint_sets_openpis_recipe_and_the_users_keys_win(family,
     assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (2.5e-5, 0.9, 0.95, 1e-8, 1e-10, 1.0)
     assert (o.schedule, o.warmup_steps, o.decay_steps, o.final_lr, o.ema) == ("cosine", 1000, 30000, 2.5e-6, 0.99)
     assert o.decay_mask == "all"  # openpi's scripts/train.py: weight_decay_mask=None
+    assert cfg.model.norm_eps == 1e-6 and origins["model.norm_eps"] == "checkpoint"  # the tree's, not the recipe's
     assert cfg.model.action.prompt_len == d.prompt_len == (200 if family == "pi05" else 48)
     assert {origins[k] for k in ("data.norm_state", "data.norm_action", "optim.lr", "optim.ema")} == {"checkpoint"}
     cfg, origins = config.load_with_origins(overrides=[*source, "optim.lr=1e-4", "data.norm_action=min_max",
@@ -335,6 +336,8 @@ DAMAGE = {  # what a copy that stopped part way, or a disk, leaves of a params/ 
     "params cut short": lambda params: (params / "manifest.ocdbt").unlink(),
     "metadata cut short": lambda params: cut_in_half(params / "_METADATA"),
     "metadata unreadable": lambda params: (params / "_METADATA").write_bytes(b"\xff\xfe\x00garbage"),
+    "data cut short": lambda params: cut_in_half(max((f for f in params.rglob("*") if f.parent.name == "d"),
+                                                     key=lambda f: f.stat().st_size)),  # the arrays' largest file
 }
 
 
@@ -349,6 +352,7 @@ DAMAGE = {  # what a copy that stopped part way, or a disk, leaves of a params/ 
     ("metadata cut short", [], "params/_METADATA is not orbax's tree metadata (a JSON object with \"tree_metadata\"; "
                                "JSONDecodeError: Unterminated string"),
     ("metadata unreadable", [], "params/_METADATA is not orbax's tree metadata"),
+    ("data cut short", [], "params: orbax cannot read its arrays (OUT_OF_RANGE: Error reading"),
 ])
 def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, hand_written, tmp_path, capsys, caplog):
     """One line on stderr, and no log record at WARNING either: the CLI prints each as a
@@ -367,6 +371,18 @@ def test_a_bad_openpi_directory_is_refused_in_one_line(case, extra, message, han
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     if case == "family":
         assert "is an openpi pi0 tree (it has state_proj, action_time_mlp_in); set model.family=pi0" in err[0]
+
+
+def test_a_checkpoint_named_relatively_to_the_working_directory_starts_a_run(hand_written, tmp_path, monkeypatch):
+    """model.init_from=pi0_ckpt from the directory that holds it (orbax itself takes absolute paths
+    only: zerojax hands it one)."""
+    shutil.copytree(hand_written, tmp_path / "pi0_ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--no-progress", "model.init_from=pi0_ckpt", "model.action.horizon=2",
+                     "model.action.prompt_len=64", "model.action.action_dim=2", "model.action.cameras=2",
+                     f"data.source=lerobot:{DATASET}", "train.global_batch=8", "train.out_dir=run", "train.steps=1",
+                     "train.report=false", "train.sample_tokens=0", "train.eval_every=0"]) == 0
+    assert (tmp_path / "run" / "openpi_init").is_dir()
 
 
 @pytest.mark.parametrize("family", ["pi0", "pi05"])

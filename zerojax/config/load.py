@@ -168,7 +168,7 @@ def load_with_origins(path: str | Path | None = None, overrides: list[str] = ())
     if record and record.run_keys:  # what the checkpoint sets beyond the model (a LeRobot policy's recipe)
         keys = checkpoints.call(record.run_keys, from_dir, tree.get("model", {}))
         policy_keys.carry(tree, origins, keys, f"model.init_from={from_dir}")
-    policy_keys.recipe(tree, origins)
+    policy_keys.recipe(tree, origins, given)
     policy_keys.reported(tree, origins)
     return _build(tree), origins
 

@@ -28,6 +28,7 @@ def orbax_tree(params: Path):
     held back and folded into the error (`_orbax_log`)."""
     import orbax.checkpoint as ocp
 
+    params = Path(params).absolute()  # orbax takes absolute paths only
     _check_files(params)
     handler = ocp.PyTreeCheckpointHandler()
     with _orbax_log() as said:

@@ -160,11 +160,17 @@ def carry(tree: dict, origins: dict, keys: dict, where: str, origin: str = CHECK
             origins[key] = origin
 
 
-def recipe(tree: dict, origins: dict) -> None:
+def recipe(tree: dict, origins: dict, given: dict) -> None:
     """A policy family's recipe (`Family.recipe`) for the keys neither the user nor the checkpoint
-    set: no default of the tiny GPT's (lr 3e-3, weight decay 0.1, ...) reaches a policy."""
+    set: no default of the tiny GPT's (lr 3e-3, weight decay 0.1, ...) reaches a policy. `given`:
+    the model section as the user set it; a model key in the tree beyond it is the checkpoint's."""
     family = tree.get("model", {}).get("family", registry.DEFAULT)
     if registry.is_policy(family):
+        model = tree.get("model", {})
+        for key in registry.family(family).recipe:
+            name = key.removeprefix("model.")
+            if name != key and "." not in name and name in model and name not in given:
+                origins.setdefault(key, CHECKPOINT)  # model.init_from's model keys set it
         keys = {k: v for k, v in registry.family(family).recipe.items() if k not in origins}
         carry(tree, origins, keys, f"model.family={family}", RECIPE)
 

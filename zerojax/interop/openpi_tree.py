@@ -64,9 +64,14 @@ def read_tree(directory) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
-    params = Path(directory) / PARAMS
+    params = Path(directory).absolute() / PARAMS  # orbax takes absolute paths only
     tree = orbax_tree(params)
     args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
     with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(params, ocp.args.PyTreeRestore(item=tree, restore_args=args))
+        try:
+            restored = ckptr.restore(params, ocp.args.PyTreeRestore(item=tree, restore_args=args))
+        except (ValueError, OSError) as err:  # tensorstore: a data file cut short or missing
+            said = str(err).splitlines()[0][:240] if str(err) else type(err).__name__
+            raise ConfigError(f"{params}: orbax cannot read its arrays ({said}); the checkpoint was cut short "
+                              "or changed after it was written: copy its params/ again, whole") from None
     return {k: np.asarray(v, np.float32) for k, v in flat_tree(restored).items()}

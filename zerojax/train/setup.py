@@ -221,8 +221,12 @@ def build(setup: Setup) -> Run:
     manager, its first batch and compiled steps; process 0 writes the run directory's files."""
     cfg, engine, start = setup.cfg, setup.engine, setup.resume_step
     abstract = state_lib.init_state(engine, abstract=True)
-    ckpt = checkpoint.manager(cfg.run_dir, cfg.train.keep) if cfg.train.ckpt_every or start else None
+    # a fresh run's manager (which makes RUN_DIR/checkpoints) only once model.init_from's weights have
+    # been read: a checkpoint that fails to read leaves nothing written
+    ckpt = checkpoint.manager(cfg.run_dir, cfg.train.keep) if start else None
     state = start_state(setup, ckpt, abstract, state_lib.state_shardings(engine, abstract))
+    if ckpt is None and cfg.train.ckpt_every:
+        ckpt = checkpoint.manager(cfg.run_dir, cfg.train.keep)
     first = global_batch(setup, data_lib.TRAIN, start)
     train_step = step_lib.make_train_step(engine, abstract).lower(state, first).compile()  # compile before timing
     eval_step = step_lib.make_eval_step(engine)
