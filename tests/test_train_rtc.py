@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import pi0_source
-from conftest import robot_observation, run
+from conftest import ROOT, robot_observation, run
 from zerojax import config
 from zerojax.models import protocol, registry
 from zerojax.models.vla import batch as vla_batch
@@ -119,19 +119,48 @@ def test_a_delay_as_long_as_the_chunk_is_refused():
 # -- serving a run trained with a delay: the prefix filled from prev_actions, no guidance ------------
 
 @pytest.fixture(scope="module")
-def served_trained(tmp_path_factory):
+def trained_run(tmp_path_factory):
+    """A π0 run trained with model.action.train_delay=2 (and a tokenizer, for its LeRobot export)."""
     from test_serve import TRAIN
 
     from zerojax import cli
-    from zerojax.serve import loaders
 
     out = tmp_path_factory.mktemp("trained") / "run"
-    trained = TRAIN + ["model.action.horizon=4", "data.action_horizon=4", "model.action.train_delay=2"]
+    tokenizer = ROOT / "tests" / "fixtures" / "lerobot06" / "tokenizer"  # 276 tokens
+    trained = TRAIN + ["model.action.horizon=4", "data.action_horizon=4", "model.action.train_delay=2",
+                       f"data.tokenizer={tokenizer}", "model.vocab_size=288"]
     assert cli.main(["train", "--no-progress", *trained, f"train.out_dir={out}", "mesh.data=1", "zero.stage=0",
                      "zero.schedule=gspmd"]) == 0
-    policy = out.parent / "policy.safetensors"
-    assert cli.main(["export", str(out), "--out", str(policy)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def served_trained(trained_run):
+    from zerojax import cli
+    from zerojax.serve import loaders
+
+    policy = trained_run.parent / "policy.safetensors"
+    assert cli.main(["export", str(trained_run), "--out", str(policy)]) == 0
     return loaders.load(policy, num_steps=3)  # an export says how its run was trained (its config)
+
+
+@pytest.mark.parametrize("fmt", ["lerobot", "openpi"])
+def test_lerobot_and_openpi_exports_say_the_run_was_trained_with_a_delay(trained_run, served_trained, fmt, tmp_path):
+    """LeRobot 0.6.1's config.json has no field for it (its rtc_config is inference-time
+    guidance): the export's zerojax.json records model.action.train_delay, and the export served
+    answers a request with a prefix as the run's safetensors export does, the prefix kept."""
+    from zerojax import cli
+    from zerojax.serve import loaders
+
+    assert cli.main(["export", str(trained_run), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+    served = loaders.load(tmp_path / fmt, num_steps=3)
+    assert served.metadata()["real_time_chunking"] == {"kind": "trained", "max_inference_delay": 2}
+    obs = robot_observation(served_trained)
+    leftover = served_trained.infer(obs, 4)["actions"][1:]
+    asked = {**obs, "prev_actions": leftover, "inference_delay": 2}
+    got = served.infer(asked, 3)["actions"]
+    np.testing.assert_allclose(got, served_trained.infer(asked, 3)["actions"], atol=1e-5)
+    np.testing.assert_allclose(got[:2], leftover[:2], atol=1e-5)
 
 
 def test_a_trained_run_keeps_the_given_actions_and_refuses_a_longer_delay(served_trained):

@@ -94,6 +94,9 @@ def lerobot_model_keys(directory: str, given: dict) -> dict:
     given = recorded_model_keys(directory, given)
     out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
     unrecorded_vision_heads(out, given, where)
+    delay = (given.get("action") or {}).get("train_delay")
+    if delay:  # trained to take a given prefix (training-time RTC): no field of config.json says so
+        out["action"] = {**out["action"], "train_delay": delay}
     try:
         out = _coerced("model", out, ModelConfig)
         ModelConfig(**out)
@@ -104,7 +107,7 @@ def lerobot_model_keys(directory: str, given: dict) -> dict:
 
 def recorded_model_keys(directory, given: dict) -> dict:
     """`given` with the model keys a zerojax export recorded in ZEROJAX_FILE beside its config.json
-    (the tower's head count); a key the user set wins."""
+    (the tower's head count, training-time RTC's delay); a key the user set wins."""
     path = Path(directory) / ZEROJAX_FILE
     if not path.is_file():
         return given
