@@ -14,6 +14,11 @@
 #        BENCHMARKS.md's "π0.5's training step against LeRobot 0.6.1"). LeRobot's side needs LeRobot 0.6.1
 #        with a CUDA torch, which the GPU image lacks; where a venv has them:
 #        python scripts/bench/policy_step.py --threads 0 --lerobot-device cuda --lerobot-python VENV/bin/python
+#   Issue 44's GPU rows, after the plan (each a few seconds; the image's python3 with PYTHONPATH=.):
+#        JAX_PLATFORMS=cuda python scripts/bench/augment_step.py --rounds 5 --steps 3 --image-size 224 --batch 8: the step's
+#        cost with data.augment=none|openpi|lerobot (BENCHMARKS.md "Image augmentation's cost")
+#        python scripts/bench/rtc_cost.py --requests 200 --delay 4   the server's time per request of real-time
+#        chunking's kinds (BENCHMARKS.md "Real-time chunking: the server's time per request")
 #
 # PYTHON picks the interpreter (GPU: the image's python3, with its jax; dry run: .venv's, else
 # python3). Record the GPU run's summary in BENCHMARKS.md with the date and this command.
