@@ -135,7 +135,6 @@ def _temp_bytes(spec, T_in: int, loss_chunk: int) -> int:
     tokens = jax.ShapeDtypeStruct((1, T_in + 1), jnp.int32)
 
     def step(p, tokens):
-        m = nnx.merge(graphdef, p)
         return jax.grad(lambda p: protocol.as_loss_and_weight(
             nnx.merge(graphdef, p).exit(protocol.apply_stack(nnx.merge(graphdef, p).layers,
                                                              nnx.merge(graphdef, p).enter(tokens)), tokens))[0])(p)
