@@ -5,12 +5,13 @@ delay, and a mixture's dataset) runs as the full benchmark runs it, tiny; a seco
 with nothing left to do. The benchmark's figures are BENCHMARKS.md's, not the suite's."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, one_error_line
+from conftest import CACHE, ROOT, one_error_line
 from test_metaworld import mujoco_or_skip
 from zerojax import cli
 
@@ -18,8 +19,11 @@ SCRIPT = ROOT / "scripts" / "bench" / "closed_loop.py"
 
 
 def bench(out, *flags):
+    """The script, its zerojax commands sharing the suite's compilation cache (the runs' rollouts
+    sample with one program)."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
     return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *flags], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
+                          text=True, timeout=1200, env=env)
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ Every step is a `zerojax` command, printed before it runs:
   corner2) and dataset B (button-press-v3, window-close-v3; camera topview, another robot's view);
 - runs: the tiny π0 recipe (configs/pi0-metaworld-tiny.yaml, chunks of 16, one CPU device) trained on
   A as it is (plain), with openpi's augmentation (augment), with training-time real-time chunking
-  (train_delay: model.action.train_delay=4), and on the mixture of A and B, half each (mixture);
+  (train_delay: model.action.train_delay=4), on B alone (only_b), and on the mixture of A and B,
+  half each (mixture; mixture_x2 twice as long, so that it sees as many of A's frames as plain);
 - rollouts, 8 actions a chunk:
   - plain and augment under each shift of the rendering the data never had: none, brightness x0.6, a
     colour cast (1.25, 0.9, 0.75), the camera moved 4 cm up;
@@ -72,11 +73,11 @@ class Plan:
                                                   "--out", self.out / "data" / "b", "--camera", "topview",
                                                   *self.collect_extra))]
 
-    def train(self, name: str, *keys: str) -> tuple[Path, list[str]]:
+    def train(self, name: str, *keys: str, times: int = 1) -> tuple[Path, list[str]]:
         run = self.out / name
         small = ["train.global_batch=4", "train.ckpt_every=2"] if self.smoke else []
         return run, zerojax("train", "--config", ROOT / "configs" / "pi0-metaworld-tiny.yaml", "--no-progress",
-                            f"train.out_dir={run}", f"train.steps={self.steps}", "mesh.cpu_devices=1",
+                            f"train.out_dir={run}", f"train.steps={times * self.steps}", "mesh.cpu_devices=1",
                             f"model.action.horizon={HORIZON}", *small, *keys)
 
     def runs(self) -> list[tuple[Path, list[str]]]:
@@ -85,7 +86,10 @@ class Plan:
                 self.train("augment", f"data.source=lerobot:{a}", "data.augment=openpi"),
                 self.train("train_delay", f"data.source=lerobot:{a}", f"model.action.train_delay={TRAIN_DELAY}"),
                 self.train("only_b", f"data.source=lerobot:{b}"),
-                self.train("mixture", "data.source=mixture", f"data.mixture={a}:0.5,{b}:0.5", "model.action.cameras=2")]
+                self.train("mixture", "data.source=mixture", f"data.mixture={a}:0.5,{b}:0.5", "model.action.cameras=2"),
+                # twice the steps: as many of A's frames as the plain run saw
+                self.train("mixture_x2", "data.source=mixture", f"data.mixture={a}:0.5,{b}:0.5",
+                           "model.action.cameras=2", times=2)]
 
     def rollout(self, name: str, run: str, tasks: str, *flags: str) -> tuple[Path, list[str]]:
         return (self.out / "rollouts" / f"{name}.json",
@@ -97,6 +101,7 @@ class Plan:
         for run in ("plain", "augment"):
             for shift, items in SHIFTS.items():
                 out.append(self.rollout(f"{run}-shift-{shift}", run, TASKS_A, *[f"--shift={i}" for i in items]))
+        out.append(self.rollout("train_delay-delay0", "train_delay", TASKS_A))  # the run itself, no delay
         for d in DELAYS:
             out += [self.rollout(f"plain-delay{d}-naive", "plain", TASKS_A, "--delay", d),
                     self.rollout(f"plain-delay{d}-rtc", "plain", TASKS_A, "--delay", d, "--rtc"),
@@ -104,7 +109,9 @@ class Plan:
         a, b = self.out / "data" / "a", self.out / "data" / "b"
         out += [self.rollout("mixture-a", "mixture", TASKS_A, "--dataset", a),
                 self.rollout("mixture-b", "mixture", TASKS_B, "--dataset", b),
-                self.rollout("only_b-b", "only_b", TASKS_B)]
+                self.rollout("only_b-b", "only_b", TASKS_B),
+                self.rollout("mixture_x2-a", "mixture_x2", TASKS_A, "--dataset", a),
+                self.rollout("mixture_x2-b", "mixture_x2", TASKS_B, "--dataset", b)]
         return out
 
     def steps_in_order(self) -> list[tuple[Path, list[str]]]:
@@ -166,17 +173,21 @@ def tables(out: Path) -> str:
         for shift, items in SHIFTS.items():
             lines.append(f"| {run} | {', '.join(items) or 'none'} | " + " | ".join(cells(f"{run}-shift-{shift}", TASKS_A)) + " |")
     lines += ["", "| delay d | chunking | " + " | ".join(TASKS_A.split(",")) + " | mean | seam jump | inner jump | "
-              "ms a request (median) |", "|---" * (len(TASKS_A.split(",")) + 7) + "|"]
+              "ms a request (median) |", "|---" * (len(TASKS_A.split(",")) + 6) + "|"]
+    rows = [(0, "plain-shift-none", "naive"), (0, "train_delay-delay0", f"the training-time RTC run (D = {TRAIN_DELAY}), naive")]
     for d in DELAYS:
-        for name, what in ((f"plain-delay{d}-naive", "naive"), (f"plain-delay{d}-rtc", "inference-time RTC"),
-                           (f"train_delay-delay{d}", f"training-time RTC (D = {TRAIN_DELAY})")):
-            doc = docs.get(name, {})
-            lines.append(f"| {d} | {what} | " + " | ".join(cells(name, TASKS_A)) +
-                         f" | {doc.get('seam_jump')} | {doc.get('inner_jump')} | {doc.get('request_ms')} |")
+        rows += [(d, f"plain-delay{d}-naive", "naive"), (d, f"plain-delay{d}-rtc", "inference-time RTC"),
+                 (d, f"train_delay-delay{d}", f"training-time RTC (D = {TRAIN_DELAY})")]
+    for d, name, what in rows:
+        doc = docs.get(name, {})
+        lines.append(f"| {d} | {what} | " + " | ".join(cells(name, TASKS_A)) +
+                     f" | {doc.get('seam_jump')} | {doc.get('inner_jump')} | {doc.get('request_ms')} |")
     lines += ["", "| run | evaluated on | " + " | ".join(TASKS_A.split(",") + TASKS_B.split(",")) + " | mean |",
               "|---" * (len(TASKS_A.split(",")) + len(TASKS_B.split(",")) + 3) + "|"]
     for name, run, on, tasks in (("plain-shift-none", "plain (A only)", "A", TASKS_A), ("only_b-b", "B only", "B", TASKS_B),
-                                 ("mixture-a", "mixture A + B", "A", TASKS_A), ("mixture-b", "mixture A + B", "B", TASKS_B)):
+                                 ("mixture-a", "mixture A + B", "A", TASKS_A), ("mixture-b", "mixture A + B", "B", TASKS_B),
+                                 ("mixture_x2-a", "mixture A + B, twice the steps", "A", TASKS_A),
+                                 ("mixture_x2-b", "mixture A + B, twice the steps", "B", TASKS_B)):
         c = cells(name, tasks)
         row = c[:-1] + ["–"] * len(TASKS_B.split(",")) if on == "A" else ["–"] * len(TASKS_A.split(",")) + c[:-1]
         lines.append(f"| {run} | {on} | " + " | ".join(row) + f" | {c[-1]} |")
