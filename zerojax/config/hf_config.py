@@ -91,12 +91,11 @@ def lerobot_model_keys(directory: str, given: dict) -> dict:
     if not weights.is_file():
         raise ConfigError(f"model.init_from={directory!r}: a LeRobot {kind} policy without model.safetensors")
     _, layout = layouts[kind]
-    given = recorded_model_keys(directory, given)
+    recorded = recorded_model_keys(directory)
+    given = beneath(given, recorded)  # a key the user set wins
     out = layout.model_keys(config, tensor_shapes(weights), str(where), given)
     unrecorded_vision_heads(out, given, where)
-    delay = (given.get("action") or {}).get("train_delay")
-    if delay:  # trained to take a given prefix (training-time RTC): no field of config.json says so
-        out["action"] = {**out["action"], "train_delay": delay}
+    out = beneath(out, recorded)  # what config.json has no field for (training-time RTC's delay, ...)
     try:
         out = _coerced("model", out, ModelConfig)
         ModelConfig(**out)
@@ -105,12 +104,12 @@ def lerobot_model_keys(directory: str, given: dict) -> dict:
     return out
 
 
-def recorded_model_keys(directory, given: dict) -> dict:
-    """`given` with the model keys a zerojax export recorded in ZEROJAX_FILE beside its config.json
-    (the tower's head count, training-time RTC's delay); a key the user set wins."""
+def recorded_model_keys(directory) -> dict:
+    """The model keys a zerojax export recorded in ZEROJAX_FILE beside its config.json (the tower's
+    head count, training-time RTC's delay: what config.json has no field for); {} if none."""
     path = Path(directory) / ZEROJAX_FILE
     if not path.is_file():
-        return given
+        return {}
     recorded = read_json_object(path, "a zerojax export's record").get("model") or {}
     if not isinstance(recorded, dict):
         raise ConfigError(f"{path}: 'model' is a JSON {type(recorded).__name__}, not an object of model keys")
@@ -120,10 +119,15 @@ def recorded_model_keys(directory, given: dict) -> dict:
         raise ConfigError(f"{path}: {err}") from None
     except KeyError as err:
         raise ConfigError(f"{path}: {err.args[0]!r} is not a model key (model.* or a section's key)") from None
-    out = {**recorded, **given}
-    for key, value in recorded.items():  # a sub-section (model.vision): merged key by key
-        if isinstance(value, dict) and isinstance(given.get(key), dict):
-            out[key] = {**value, **given[key]}
+    return recorded
+
+
+def beneath(keys: dict, under: dict) -> dict:
+    """`keys` with `under`'s where it has none; a sub-section (model.vision) merged key by key."""
+    out = {**under, **keys}
+    for key, value in under.items():
+        if isinstance(value, dict) and isinstance(keys.get(key), dict):
+            out[key] = {**value, **keys[key]}
     return out
 
 

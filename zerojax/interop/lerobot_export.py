@@ -215,7 +215,7 @@ def _relative_config(config: dict, relative: dict | None, v03: bool, steps) -> N
 
 def _record(model: dict, data: dict) -> dict:
     """ZEROJAX_FILE's content: what LeRobot's config.json has no field for, read back by
-    `model.init_from` (`config.hf_config.recorded_model_keys`) and `zerojax serve` (`read_policy`):
+    `model.init_from` (`config.hf_config.recorded_model_keys`, every key of it) and `zerojax serve` (`read_policy`):
     the tower's head count (no tensor's shape holds it), training-time real-time chunking's delay
     (LeRobot 0.6.1's rtc_config is inference-time guidance: no field says a model was trained to
     take a given prefix) and, where the run trained on a LeRobot dataset, its fps and its
