@@ -157,41 +157,44 @@ def execute(plan: Plan, only: str | None = None) -> None:
         print(f"  {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
+def markdown(head: list[str], rows: list[list]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|---" * len(head) + "|",
+                      *("| " + " | ".join(map(str, row)) + " |" for row in rows)])
+
+
 def tables(out: Path) -> str:
     """BENCHMARKS.md's tables from DIR/rollouts/*.json."""
     docs = {p.stem: json.loads(p.read_text()) for p in sorted((out / "rollouts").glob("*.json"))}
+    a, b = TASKS_A.split(","), TASKS_B.split(",")
 
-    def cells(name: str, tasks: str) -> list[str]:
+    def cells(name: str, tasks: list[str]) -> list[str]:
+        """Each task's successes, and the mean rate."""
         doc = docs.get(name)
         if doc is None:
-            return ["(not run)"] * (len(tasks.split(",")) + 1)
-        per = [f"{doc['tasks'][t]['successes']}/{doc['tasks'][t]['episodes']}" for t in tasks.split(",")]
-        return per + [f"{100 * doc['mean_success_rate']:.0f}%"]
+            return ["(not run)"] * (len(tasks) + 1)
+        return [f"{doc['tasks'][t]['successes']}/{doc['tasks'][t]['episodes']}" for t in tasks] + \
+            [f"{100 * doc['mean_success_rate']:.0f}%"]
 
-    lines = ["| run | shift | " + " | ".join(TASKS_A.split(",")) + " | mean |", "|---" * (len(TASKS_A.split(",")) + 3) + "|"]
-    for run in ("plain", "augment"):
-        for shift, items in SHIFTS.items():
-            lines.append(f"| {run} | {', '.join(items) or 'none'} | " + " | ".join(cells(f"{run}-shift-{shift}", TASKS_A)) + " |")
-    lines += ["", "| delay d | chunking | " + " | ".join(TASKS_A.split(",")) + " | mean | seam jump | inner jump | "
-              "ms a request (median) |", "|---" * (len(TASKS_A.split(",")) + 6) + "|"]
-    rows = [(0, "plain-shift-none", "naive"), (0, "train_delay-delay0", f"the training-time RTC run (D = {TRAIN_DELAY}), naive")]
+    shifts = [[run, ", ".join(items) or "none", *cells(f"{run}-shift-{shift}", a)]
+              for run in ("plain", "augment") for shift, items in SHIFTS.items()]
+    named = [(0, "plain-shift-none", "naive"),
+             (0, "train_delay-delay0", f"the training-time RTC run (D = {TRAIN_DELAY}), naive")]
     for d in DELAYS:
-        rows += [(d, f"plain-delay{d}-naive", "naive"), (d, f"plain-delay{d}-rtc", "inference-time RTC"),
-                 (d, f"train_delay-delay{d}", f"training-time RTC (D = {TRAIN_DELAY})")]
-    for d, name, what in rows:
-        doc = docs.get(name, {})
-        lines.append(f"| {d} | {what} | " + " | ".join(cells(name, TASKS_A)) +
-                     f" | {doc.get('seam_jump')} | {doc.get('inner_jump')} | {doc.get('request_ms')} |")
-    lines += ["", "| run | evaluated on | " + " | ".join(TASKS_A.split(",") + TASKS_B.split(",")) + " | mean |",
-              "|---" * (len(TASKS_A.split(",")) + len(TASKS_B.split(",")) + 3) + "|"]
-    for name, run, on, tasks in (("plain-shift-none", "plain (A only)", "A", TASKS_A), ("only_b-b", "B only", "B", TASKS_B),
-                                 ("mixture-a", "mixture A + B", "A", TASKS_A), ("mixture-b", "mixture A + B", "B", TASKS_B),
-                                 ("mixture_x2-a", "mixture A + B, twice the steps", "A", TASKS_A),
-                                 ("mixture_x2-b", "mixture A + B, twice the steps", "B", TASKS_B)):
-        c = cells(name, tasks)
-        row = c[:-1] + ["–"] * len(TASKS_B.split(",")) if on == "A" else ["–"] * len(TASKS_A.split(",")) + c[:-1]
-        lines.append(f"| {run} | {on} | " + " | ".join(row) + f" | {c[-1]} |")
-    return "\n".join(lines)
+        named += [(d, f"plain-delay{d}-naive", "naive"), (d, f"plain-delay{d}-rtc", "inference-time RTC"),
+                  (d, f"train_delay-delay{d}", f"training-time RTC (D = {TRAIN_DELAY})")]
+    delays = [[d, what, *cells(name, a), *(docs.get(name, {}).get(k) for k in ("seam_jump", "inner_jump", "request_ms"))]
+              for d, name, what in named]
+    mixes = []
+    for name, run, on in (("plain-shift-none", "plain (A only)", "A"), ("only_b-b", "B only", "B"),
+                          ("mixture-a", "mixture A + B", "A"), ("mixture-b", "mixture A + B", "B"),
+                          ("mixture_x2-a", "mixture A + B, twice the steps", "A"),
+                          ("mixture_x2-b", "mixture A + B, twice the steps", "B")):
+        *each, mean = cells(name, a if on == "A" else b)
+        mixes.append([run, on, *(each + ["–"] * len(b) if on == "A" else ["–"] * len(a) + each), mean])
+    return "\n\n".join([
+        markdown(["run", "shift", *a, "mean"], shifts),
+        markdown(["delay d", "chunking", *a, "mean", "seam jump", "inner jump", "ms a request (median)"], delays),
+        markdown(["run", "evaluated on", *a, *b, "mean"], mixes)])
 
 
 def main() -> int:

@@ -65,8 +65,9 @@ class ExportJob:
     from `blocks_of(path)` (one saved shard of one leaf at a time), and, computed when a writer
     asks, the stacks of its model (`stacked()`), its LoRA's (rank, alpha) per kernel (`lora()`) and
     what a safetensors export carries beside its weights (`carried()`: the run's config, data
-    record and tokenizer, `train.export.run_metadata`); `dataset`: of a mixture run, the one dataset a format of one normalization writes (None: not
-    named). The writer writes to `out`, where nothing is, and makes it appear only once complete."""
+    record and tokenizer, `train.export.run_metadata`); `dataset`: of a mixture run, the one
+    dataset a format of one normalization writes (None: not named). The writer writes to `out`,
+    where nothing is, and makes it appear only once complete."""
 
     out: Path
     run_dir: Path

@@ -157,7 +157,6 @@ def write_episodes(path: Path, episodes: list[dict], tasks: list[str], ep_stats:
     import pyarrow.parquet as pq
 
     camera_key = metaworld.image_key(camera)
-
     rows, start, t0 = [], 0, 0.0
     for i, (e, stats) in enumerate(zip(episodes, ep_stats)):
         n = len(e["action"])
